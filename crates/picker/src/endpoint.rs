@@ -1,0 +1,133 @@
+//! A replica as the picker sees it: its address, the load this gateway has
+//! put on it, and the latest observation of its engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+/// What a replica's engine reported in its last good `/metrics` scrape.
+/// A field is `None` when the engine's dialect does not expose it: unknown
+/// is not zero.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineState {
+    /// Requests queued in the engine, not yet scheduled.
+    pub waiting: Option<u64>,
+    /// Requests in the running batch.
+    pub running: Option<u64>,
+    /// Fraction of the KV cache in use, 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Tokens per KV block.
+    pub block_size: Option<u32>,
+    /// KV cache capacity in blocks.
+    pub kv_capacity_blocks: Option<u64>,
+    /// LoRA adapters loaded in GPU memory.
+    pub resident_adapters: Vec<String>,
+    /// LoRA adapters that requests are waiting for.
+    pub waiting_adapters: Vec<String>,
+    /// Adapter slots (`max_loras`).
+    pub max_adapters: Option<u32>,
+}
+
+/// The latest result of watching one replica. Replaced as a whole on every
+/// scrape so readers always see a consistent view.
+#[derive(Debug, Clone, Default)]
+pub struct Observation {
+    /// Engine state from the last good scrape, if there has been one.
+    pub state: Option<Arc<EngineState>>,
+    /// When the last good scrape completed.
+    pub last_good: Option<Instant>,
+    /// Why the most recent scrape failed; `None` when it succeeded.
+    pub last_error: Option<String>,
+}
+
+/// Requests and estimated tokens this gateway has in flight to a replica.
+/// Only [`LoadGuard`] changes it, so every path (success, error, client
+/// gone, retry) releases exactly what it took.
+#[derive(Debug, Default)]
+pub struct Load {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    completed: AtomicU64,
+}
+
+impl Load {
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+    pub fn tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+    /// Requests released since start; the gateway derives drain rates from it.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
+    }
+}
+
+/// Holds one request's share of a replica's [`Load`] until dropped.
+#[derive(Debug)]
+pub struct LoadGuard {
+    endpoint: Arc<Endpoint>,
+    tokens: u64,
+}
+
+impl LoadGuard {
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        let load = &self.endpoint.load;
+        load.requests.fetch_sub(1, Ordering::Relaxed);
+        load.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        load.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One replica of a pool.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// `host:port`.
+    pub addr: String,
+    /// Position in the pool's endpoint list; stable for the pool's lifetime.
+    pub index: usize,
+    pub load: Load,
+    /// Written by the scraper, read by the picker; never blocks either.
+    pub observation: ArcSwap<Observation>,
+    /// Set when a connection attempt failed; cleared when the replica
+    /// answers again (a scrape or a probe succeeds).
+    unreachable: AtomicBool,
+}
+
+impl Endpoint {
+    pub fn new(index: usize, addr: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            addr: addr.into(),
+            index,
+            load: Load::default(),
+            observation: ArcSwap::from_pointee(Observation::default()),
+            unreachable: AtomicBool::new(false),
+        })
+    }
+
+    /// Take one request's share of this replica's load.
+    pub fn acquire(self: &Arc<Self>, tokens: u64) -> LoadGuard {
+        self.load.requests.fetch_add(1, Ordering::Relaxed);
+        self.load.tokens.fetch_add(tokens, Ordering::Relaxed);
+        LoadGuard {
+            endpoint: Arc::clone(self),
+            tokens,
+        }
+    }
+
+    pub fn is_reachable(&self) -> bool {
+        !self.unreachable.load(Ordering::Relaxed)
+    }
+
+    pub fn set_reachable(&self, reachable: bool) {
+        self.unreachable.store(!reachable, Ordering::Relaxed);
+    }
+}
