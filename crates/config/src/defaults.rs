@@ -1,0 +1,29 @@
+//! Every gateway default in one place. Picking defaults (weights,
+//! saturation, staleness) belong to the picker and live in the `picker`
+//! crate.
+
+use std::time::Duration;
+
+/// `limits.maxBodyBytes`: 32 MiB, room for long multimodal chat bodies.
+pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// `timeouts.connect`: a replica on the same network answers a SYN in
+/// well under a second; longer means it is gone.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// `timeouts.firstByte`: a non-streaming completion answers only when the
+/// whole generation is done, which can take many minutes.
+pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// `timeouts.idle`: longest silence between two events of a stream.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// `shutdown.drainTimeout`.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// `retry.maxRetries`: other replicas tried after a failed connection.
+pub const MAX_RETRIES: u32 = 2;
+/// `scheduling.metrics.interval`.
+pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
+/// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+/// `simulated.timeScale`: simulated replicas run in real time by default.
+pub const SIM_TIME_SCALE: f64 = 1.0;
+
+pub const API_VERSION: &str = "infergate.dev/v1alpha1";
+pub const KIND: &str = "InferenceGatewayConfig";

@@ -1,0 +1,309 @@
+//! The `InferenceGatewayConfig` document, field for field as users write it.
+//!
+//! Kubernetes style (camelCase, `apiVersion`/`kind`/`metadata`/`spec`) so the
+//! same document can be a custom resource. Unknown fields are errors. Fields a
+//! user may leave out are `Option`s here; their defaults live in
+//! [`crate::defaults`] and the accessors below, nowhere else.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::defaults;
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InferenceGatewayConfig {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: Metadata,
+    pub spec: Spec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metadata {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    pub listeners: Vec<Listener>,
+    #[serde(default)]
+    pub admin: Option<Admin>,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    #[serde(default)]
+    pub shutdown: Shutdown,
+    #[serde(default)]
+    pub debug: Debug,
+    pub pools: Vec<Pool>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Listener {
+    pub name: String,
+    /// `host:port`; port 0 asks the OS for a free port.
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Admin {
+    pub address: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    pub max_body_bytes: Option<u64>,
+}
+
+impl Limits {
+    pub fn max_body_bytes(&self) -> u64 {
+        self.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES)
+    }
+}
+
+/// Upstream timeouts. The defaults never cut a long generation that is
+/// still producing: `firstByte` covers a non-streaming answer that only
+/// arrives when generation ends, `idle` only fires when a stream goes quiet.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    #[serde(default, with = "humantime_serde")]
+    pub connect: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub first_byte: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub idle: Option<Duration>,
+}
+
+impl Timeouts {
+    pub fn connect(&self) -> Duration {
+        self.connect.unwrap_or(defaults::CONNECT_TIMEOUT)
+    }
+    pub fn first_byte(&self) -> Duration {
+        self.first_byte.unwrap_or(defaults::FIRST_BYTE_TIMEOUT)
+    }
+    pub fn idle(&self) -> Duration {
+        self.idle.unwrap_or(defaults::IDLE_TIMEOUT)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Shutdown {
+    /// How long in-flight requests may run after SIGTERM/SIGINT.
+    #[serde(default, with = "humantime_serde")]
+    pub drain_timeout: Option<Duration>,
+}
+
+impl Shutdown {
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Debug {
+    /// Add `x-infergate-pool`, `x-infergate-endpoint` and
+    /// `x-infergate-scores` to responses.
+    #[serde(default)]
+    pub decision_headers: bool,
+}
+
+/// The metrics dialect a pool's replicas speak.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Sglang,
+    Tgi,
+    Trtllm,
+    Triton,
+    Llamacpp,
+    None,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::Tgi => "tgi",
+            Engine::Trtllm => "trtllm",
+            Engine::Triton => "triton",
+            Engine::Llamacpp => "llamacpp",
+            Engine::None => "none",
+        }
+    }
+}
+
+/// HTTP version spoken to a pool's replicas.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext (prior knowledge).
+    H2c,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pool {
+    pub name: String,
+    #[serde(default)]
+    pub engine: Engine,
+    /// Model names clients may put in `model`; the first is the base model.
+    pub models: Vec<String>,
+    /// LoRA adapters served by this pool's replicas.
+    #[serde(default)]
+    pub adapters: Vec<String>,
+    /// Static replica addresses (`host:port`). Exactly one of `endpoints`
+    /// and `simulated` is given.
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    #[serde(default)]
+    pub simulated: Option<Simulated>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub retry: Retry,
+    #[serde(default)]
+    pub scheduling: Scheduling,
+}
+
+impl Pool {
+    pub fn policy(&self) -> Policy {
+        match (self.scheduling.policy, self.engine) {
+            (Some(policy), _) => policy,
+            (None, Engine::None) => Policy::LeastRequest,
+            (None, _) => Policy::Scored,
+        }
+    }
+
+    /// The model adapters are applied to (`parent` in `/v1/models`).
+    pub fn base_model(&self) -> &str {
+        self.models.first().map(String::as_str).unwrap_or_default()
+    }
+}
+
+/// Replicas the gateway starts in-process from the simulator.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Simulated {
+    pub replicas: usize,
+    /// Hardware profiles, cycled over the replicas.
+    pub hardware: Vec<String>,
+    /// Model profile (e.g. `llama-3.1-8b`).
+    pub model: String,
+    #[serde(default)]
+    pub tensor_parallel: Option<u32>,
+    #[serde(default)]
+    pub max_loras: Option<u32>,
+    /// Simulated time runs this many times faster than wall time.
+    #[serde(default)]
+    pub time_scale: Option<f64>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retry {
+    /// Further replicas to try when a connection fails before any
+    /// response byte.
+    pub max_retries: Option<u32>,
+}
+
+impl Retry {
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries.unwrap_or(defaults::MAX_RETRIES)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    Scored,
+    RoundRobin,
+    LeastRequest,
+    Random,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    #[default]
+    LeastRequest,
+    Refuse,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Scheduling {
+    /// Default: `scored`, or `least-request` for `engine: none` (no
+    /// metrics to score on).
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// A named weight set: `default`, `latency` or `throughput`.
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Per-scorer weights; each given field overrides the preset's.
+    #[serde(default)]
+    pub weights: Option<Weights>,
+    #[serde(default)]
+    pub saturation: Option<Saturation>,
+    #[serde(default)]
+    pub metrics: Metrics,
+    /// When every replica is stale or unhealthy but reachable.
+    #[serde(default)]
+    pub fallback: Fallback,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Weights {
+    pub queue: Option<f64>,
+    pub kv_cache: Option<f64>,
+    pub inflight: Option<f64>,
+    pub prefix: Option<f64>,
+    pub lora: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Saturation {
+    pub queue_depth: Option<u64>,
+    pub kv_cache: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metrics {
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_after: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+}
+
+impl Metrics {
+    pub fn interval(&self) -> Duration {
+        self.interval.unwrap_or(defaults::SCRAPE_INTERVAL)
+    }
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(defaults::SCRAPE_TIMEOUT)
+    }
+}

@@ -1,0 +1,266 @@
+//! Whole-document checks that the schema alone cannot express. Every
+//! problem is collected, each with the path a user would look for.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::defaults;
+use crate::load::Problem;
+use crate::schema::{Engine, InferenceGatewayConfig, Policy, Pool};
+
+/// Weight presets the picker knows.
+pub const PRESETS: &[&str] = &["default", "latency", "throughput"];
+
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
+    let mut p = Problems(Vec::new());
+    if config.api_version != defaults::API_VERSION {
+        p.add(
+            "apiVersion",
+            format!(
+                "{:?} is not supported; use {:?}",
+                config.api_version,
+                defaults::API_VERSION
+            ),
+        );
+    }
+    if config.kind != defaults::KIND {
+        p.add(
+            "kind",
+            format!("{:?} is not {:?}", config.kind, defaults::KIND),
+        );
+    }
+    let spec = &config.spec;
+
+    if spec.listeners.is_empty() {
+        p.add("spec.listeners", "at least one listener is required");
+    }
+    let mut addresses: HashMap<String, String> = HashMap::new();
+    let mut listener_names: HashMap<&str, usize> = HashMap::new();
+    for (i, l) in spec.listeners.iter().enumerate() {
+        let path = format!("spec.listeners[{i}]");
+        if l.name.is_empty() {
+            p.add(format!("{path}.name"), "must not be empty");
+        } else if let Some(first) = listener_names.insert(&l.name, i) {
+            p.add(
+                format!("{path}.name"),
+                format!("{:?} is already the name of spec.listeners[{first}]", l.name),
+            );
+        }
+        check_bind_address(&mut p, &mut addresses, &format!("{path}.address"), &l.address);
+    }
+    if let Some(admin) = &spec.admin {
+        check_bind_address(&mut p, &mut addresses, "spec.admin.address", &admin.address);
+    }
+    if spec.limits.max_body_bytes == Some(0) {
+        p.add("spec.limits.maxBodyBytes", "must be greater than 0");
+    }
+    for (field, value) in [
+        ("connect", spec.timeouts.connect),
+        ("firstByte", spec.timeouts.first_byte),
+        ("idle", spec.timeouts.idle),
+    ] {
+        if value == Some(Duration::ZERO) {
+            p.add(format!("spec.timeouts.{field}"), "must be greater than 0");
+        }
+    }
+
+    if spec.pools.is_empty() {
+        p.add("spec.pools", "at least one pool is required");
+    }
+    let mut pool_names: HashMap<&str, usize> = HashMap::new();
+    let mut served: HashMap<&str, String> = HashMap::new();
+    for (i, pool) in spec.pools.iter().enumerate() {
+        let path = format!("spec.pools[{i}]");
+        if pool.name.is_empty() {
+            p.add(format!("{path}.name"), "must not be empty");
+        } else if let Some(first) = pool_names.insert(&pool.name, i) {
+            p.add(
+                format!("{path}.name"),
+                format!("{:?} is already the name of spec.pools[{first}]", pool.name),
+            );
+        }
+        if pool.models.is_empty() {
+            p.add(format!("{path}.models"), "at least one model is required");
+        }
+        let names = pool
+            .models
+            .iter()
+            .enumerate()
+            .map(|(j, m)| (format!("{path}.models[{j}]"), m))
+            .chain(
+                pool.adapters
+                    .iter()
+                    .enumerate()
+                    .map(|(j, a)| (format!("{path}.adapters[{j}]"), a)),
+            );
+        for (name_path, name) in names {
+            if name.is_empty() {
+                p.add(name_path, "must not be empty");
+            } else if let Some(first) = served.get(name.as_str()) {
+                p.add(
+                    name_path,
+                    format!("{name:?} is already served by {first}; a model name routes to one pool"),
+                );
+            } else {
+                served.insert(name, name_path);
+            }
+        }
+        check_replicas(&mut p, &path, pool);
+        check_scheduling(&mut p, &path, pool);
+    }
+    p.0
+}
+
+fn check_bind_address(
+    p: &mut Problems,
+    seen: &mut HashMap<String, String>,
+    path: &str,
+    address: &str,
+) {
+    if !is_host_port(address) {
+        p.add(path, format!("{address:?} is not host:port"));
+        return;
+    }
+    // Port 0 (any free port) may repeat; a fixed port may not.
+    if address.ends_with(":0") {
+        return;
+    }
+    if let Some(first) = seen.get(address) {
+        p.add(path, format!("{address:?} is already used by {first}"));
+    } else {
+        seen.insert(address.to_owned(), path.to_owned());
+    }
+}
+
+fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
+    match (&pool.simulated, pool.endpoints.is_empty()) {
+        (Some(_), false) => p.add(
+            path,
+            "give either endpoints or simulated, not both",
+        ),
+        (None, true) => p.add(
+            format!("{path}.endpoints"),
+            "at least one endpoint is required (or use simulated)",
+        ),
+        _ => {}
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (j, e) in pool.endpoints.iter().enumerate() {
+        let ep = format!("{path}.endpoints[{j}]");
+        if !is_host_port(e) {
+            p.add(ep, format!("{e:?} is not host:port"));
+        } else if let Some(first) = seen.insert(e, j) {
+            p.add(ep, format!("{e:?} is listed twice (also endpoints[{first}])"));
+        }
+    }
+    if let Some(sim) = &pool.simulated {
+        let sp = format!("{path}.simulated");
+        if sim.replicas == 0 {
+            p.add(format!("{sp}.replicas"), "must be at least 1");
+        }
+        if sim.hardware.is_empty() {
+            p.add(format!("{sp}.hardware"), "at least one hardware profile is required");
+        }
+        if let Some(scale) = sim.time_scale {
+            if !(scale.is_finite() && scale > 0.0) {
+                p.add(format!("{sp}.timeScale"), "must be a positive number");
+            }
+        }
+        if pool.engine != Engine::Vllm {
+            p.add(
+                format!("{path}.engine"),
+                "simulated replicas speak the vllm metrics dialect",
+            );
+        }
+    }
+}
+
+fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
+    let s = &pool.scheduling;
+    let sp = format!("{path}.scheduling");
+    if pool.engine == Engine::None && s.policy == Some(Policy::Scored) {
+        p.add(
+            format!("{sp}.policy"),
+            "scored needs engine metrics; with engine: none use least-request, round-robin or random",
+        );
+    }
+    if let Some(preset) = &s.preset {
+        if !PRESETS.contains(&preset.as_str()) {
+            p.add(
+                format!("{sp}.preset"),
+                format!("{preset:?} is not one of {}", PRESETS.join(", ")),
+            );
+        }
+    }
+    if let Some(w) = &s.weights {
+        for (field, value) in [
+            ("queue", w.queue),
+            ("kvCache", w.kv_cache),
+            ("inflight", w.inflight),
+            ("prefix", w.prefix),
+            ("lora", w.lora),
+        ] {
+            if let Some(v) = value {
+                if !(v.is_finite() && v >= 0.0) {
+                    p.add(format!("{sp}.weights.{field}"), "must be a number >= 0");
+                }
+            }
+        }
+    }
+    if let Some(sat) = &s.saturation {
+        if sat.queue_depth == Some(0) {
+            p.add(format!("{sp}.saturation.queueDepth"), "must be at least 1");
+        }
+        if let Some(kv) = sat.kv_cache {
+            if !(kv > 0.0 && kv <= 1.0) {
+                p.add(format!("{sp}.saturation.kvCache"), "must be in (0, 1]");
+            }
+        }
+    }
+    let m = &s.metrics;
+    if m.interval == Some(Duration::ZERO) {
+        p.add(format!("{sp}.metrics.interval"), "must be greater than 0");
+    }
+    if m.timeout == Some(Duration::ZERO) {
+        p.add(format!("{sp}.metrics.timeout"), "must be greater than 0");
+    }
+    if let Some(stale) = m.stale_after {
+        if stale <= m.interval() {
+            p.add(
+                format!("{sp}.metrics.staleAfter"),
+                format!(
+                    "{} is not longer than the scrape interval ({}); every replica would look stale",
+                    humantime::format_duration(stale),
+                    humantime::format_duration(m.interval())
+                ),
+            );
+        }
+    }
+}
+
+/// `host:port` with a non-empty host and a numeric port; IPv6 hosts in
+/// brackets.
+pub fn is_host_port(s: &str) -> bool {
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    !host.is_empty()
+        && port.parse::<u16>().is_ok()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+}
