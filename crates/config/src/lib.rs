@@ -6,5 +6,5 @@ mod load;
 pub mod schema;
 mod validate;
 
-pub use load::{ConfigError, Problem, from_yaml, load_file};
+pub use load::{ConfigError, Problem, from_yaml, load_file, validated};
 pub use schema::*;

@@ -64,6 +64,11 @@ pub fn from_yaml(text: &str) -> Result<InferenceGatewayConfig, ConfigError> {
                 message: without_path_prefix(&e.into_inner().to_string()).to_owned(),
             }])
         })?;
+    validated(config)
+}
+
+/// Check a config built or changed in code.
+pub fn validated(config: InferenceGatewayConfig) -> Result<InferenceGatewayConfig, ConfigError> {
     let problems = crate::validate::validate(&config);
     if problems.is_empty() {
         Ok(config)

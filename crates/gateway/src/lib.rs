@@ -1,1 +1,149 @@
-//! placeholder
+//! The data plane: listeners, the request pipeline, proxying to replicas.
+//!
+//! Read [`pipeline`] first: it is the whole request path in order.
+
+mod admin;
+pub mod body;
+pub mod error;
+pub mod pipeline;
+mod pool;
+mod record;
+mod request;
+mod routes;
+mod server;
+mod simulated;
+mod state;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::pool::PoolRuntime;
+use crate::state::State;
+
+pub use crate::pool::picker_config;
+
+/// A running gateway. Dropping it stops everything abruptly; call
+/// [`Gateway::shutdown`] to drain.
+pub struct Gateway {
+    state: Arc<State>,
+    listeners: Vec<(String, SocketAddr)>,
+    admin: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    graceful: Arc<GracefulShutdown>,
+    accept_loops: Vec<JoinHandle<()>>,
+    drain_timeout: Duration,
+    // Simulated replicas live as long as the gateway.
+    _fleets: Vec<simulated::Fleet>,
+}
+
+impl Gateway {
+    /// Start every listener and every pool's scrapers. The config must
+    /// already be validated.
+    pub async fn start(config: &config::InferenceGatewayConfig) -> anyhow::Result<Self> {
+        let spec = &config.spec;
+        let mut fleets = Vec::new();
+        let mut pools = Vec::new();
+        for pool_spec in &spec.pools {
+            let addrs = match &pool_spec.simulated {
+                Some(sim) => {
+                    let fleet = simulated::start(pool_spec, sim).await?;
+                    let addrs = fleet.addrs();
+                    fleets.push(fleet);
+                    addrs
+                }
+                None => pool_spec.endpoints.clone(),
+            };
+            let mut pool = PoolRuntime::new(pool_spec, &addrs, &spec.timeouts);
+            pool.start_watching();
+            pools.push(pool);
+        }
+        let state = Arc::new(State::new(spec, pools));
+
+        let (stop, stop_rx) = watch::channel(false);
+        let graceful = Arc::new(GracefulShutdown::new());
+        let mut listeners = Vec::new();
+        let mut accept_loops = Vec::new();
+        for l in &spec.listeners {
+            let (listener, addr) = server::bind(&l.address).await?;
+            let st = Arc::clone(&state);
+            let handler = move |req| pipeline::handle(Arc::clone(&st), req);
+            accept_loops.push(server::serve(listener, handler, stop_rx.clone(), Arc::clone(&graceful)));
+            tracing::info!(listener = %l.name, %addr, "listening");
+            listeners.push((l.name.clone(), addr));
+        }
+        let admin = match &spec.admin {
+            Some(a) => {
+                let (listener, addr) = server::bind(&a.address).await?;
+                let st = Arc::clone(&state);
+                let handler = move |req| admin::handle(Arc::clone(&st), req);
+                accept_loops.push(server::serve(listener, handler, stop_rx.clone(), Arc::clone(&graceful)));
+                tracing::info!(%addr, "admin listening");
+                Some(addr)
+            }
+            None => None,
+        };
+        Ok(Self {
+            state,
+            listeners,
+            admin,
+            stop,
+            graceful,
+            accept_loops,
+            drain_timeout: spec.shutdown.drain_timeout(),
+            _fleets: fleets,
+        })
+    }
+
+    /// Addresses of the public listeners, by name, in config order.
+    pub fn listeners(&self) -> &[(String, SocketAddr)] {
+        &self.listeners
+    }
+
+    /// The first public listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.listeners[0].1
+    }
+
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// Replica addresses per pool, in config order (useful when replicas
+    /// are simulated on OS-chosen ports).
+    pub fn pool_endpoints(&self) -> Vec<(String, Vec<String>)> {
+        self.state
+            .pools
+            .iter()
+            .map(|p| {
+                let addrs = p.picker.endpoints().iter().map(|e| e.addr.clone()).collect();
+                (p.name.clone(), addrs)
+            })
+            .collect()
+    }
+
+    /// Stop accepting, answer new requests on open connections with 503,
+    /// and wait up to the drain timeout for in-flight requests to finish.
+    /// Returns whether everything finished in time.
+    pub async fn shutdown(self) -> bool {
+        self.state.begin_shutdown();
+        let _ = self.stop.send(true);
+        for task in self.accept_loops {
+            let _ = task.await;
+        }
+        let graceful = Arc::try_unwrap(self.graceful)
+            .unwrap_or_else(|_| unreachable!("accept loops have ended and dropped their handles"));
+        let drained = tokio::time::timeout(self.drain_timeout, graceful.shutdown())
+            .await
+            .is_ok();
+        if !drained {
+            tracing::warn!(timeout = ?self.drain_timeout, "drain timed out; closing remaining connections");
+        }
+        drained
+    }
+}

@@ -1,1 +1,175 @@
-fn main() {}
+//! The `infergate` command: wiring only. Each subcommand hands over to the
+//! crate that does the work.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The demo fleet `serve` runs when no config is given.
+const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
+
+#[derive(Parser)]
+#[command(
+    name = "infergate",
+    version,
+    about = "An inference gateway: one OpenAI-compatible endpoint in front of a fleet of LLM model servers, routing each request to the replica that will answer fastest.",
+    long_about = None,
+)]
+struct Cli {
+    /// Log format: readable text or one JSON object per line.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "INFERGATE_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway. Without --config, runs the built-in demo: a gateway
+    /// on 127.0.0.1:8080 in front of a simulated H100/A10G fleet.
+    Serve {
+        /// An InferenceGatewayConfig YAML document.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Listen on this address instead of the first listener's
+        /// (port 0: any free port).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: Option<String>,
+        /// Serve the admin endpoints on this address instead.
+        #[arg(long, value_name = "HOST:PORT")]
+        admin_listen: Option<String>,
+    },
+    /// Validate a config and print every problem with its path. Exit
+    /// status 0 when valid, 1 when not.
+    Check {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run simulated model servers (vLLM-compatible API and /metrics).
+    Sim(sim::cli::SimArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the async runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve {
+                config,
+                listen,
+                admin_listen,
+            } => serve(config, listen, admin_listen).await,
+            Command::Check { config } => Ok(check(&config)),
+            Command::Sim(args) => sim::cli::run(args).await.map(|()| ExitCode::SUCCESS),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    match config::load_file(path) {
+        Ok(_) => {
+            println!("{}: valid", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{}: invalid", path.display());
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(
+    path: Option<PathBuf>,
+    listen: Option<String>,
+    admin_listen: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let demo = path.is_none();
+    let mut config = match &path {
+        Some(p) => config::load_file(p)?,
+        None => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),
+    };
+    if let Some(address) = listen {
+        config.spec.listeners[0].address = address;
+    }
+    if let Some(address) = admin_listen {
+        config.spec.admin = Some(config::Admin { address });
+    }
+    let config = config::validated(config)?;
+    let gateway = gateway::Gateway::start(&config).await?;
+    if demo {
+        print_demo_banner(&gateway, &config);
+    }
+    wait_for_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    let drained = gateway.shutdown().await;
+    Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatewayConfig) {
+    let addr = gateway.addr();
+    let model = config.spec.pools[0].base_model();
+    println!("infergate demo: a gateway on http://{addr} in front of simulated replicas");
+    for (pool, endpoints) in gateway.pool_endpoints() {
+        println!("  pool {pool}: {}", endpoints.join(", "));
+    }
+    if let Some(admin) = gateway.admin_addr() {
+        println!("  admin: http://{admin}/debug/pools");
+    }
+    println!();
+    println!("Try it:");
+    println!(
+        "  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}], \"max_tokens\": 32}}'"
+    );
+    println!();
+    println!("Or with the OpenAI Python SDK:");
+    println!("  from openai import OpenAI");
+    println!("  client = OpenAI(base_url=\"http://{addr}/v1\", api_key=\"unused\")");
+    println!(
+        "  print(client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}], max_tokens=32).choices[0].message.content)"
+    );
+    println!();
+    println!("Press Ctrl-C to stop.");
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("cannot listen for SIGTERM");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("INFERGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,1 +1,16 @@
-//! placeholder
+//! What replicas tell the gateway: a Prometheus text parser, the metric
+//! dialects of the common engines, the scrape loop and the health rule.
+//!
+//! The gateway starts one [`spawn_scraper`] per replica; each scrape stores
+//! a fresh [`picker::Observation`] in the replica's [`picker::Endpoint`],
+//! and the picker judges it with [`health()`].
+
+pub mod dialect;
+pub mod health;
+pub mod prom;
+pub mod scrape;
+
+pub use dialect::{Dialect, UnknownDialect};
+pub use health::{Health, health};
+pub use prom::ParseError;
+pub use scrape::{ScrapeClient, ScrapeConfig, ScrapeError, Scraper, spawn_scraper};

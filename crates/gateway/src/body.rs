@@ -1,0 +1,127 @@
+//! Response bodies: a gateway-made body, or a replica's body streamed
+//! through frame by frame.
+//!
+//! A proxied body owns the request's [`LoadGuard`] and its [`Record`], so
+//! the replica's load is released and the request is recorded exactly once,
+//! when the body ends — finished, failed, or dropped because the client went
+//! away. Dropping the upstream body closes its connection, which makes the
+//! replica abort the generation and free its KV cache.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use picker::LoadGuard;
+use tokio::time::{Instant, Sleep};
+
+use crate::record::Record;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pub fn full(bytes: Bytes) -> ResponseBody {
+    ResponseBody::Full(Some(bytes))
+}
+
+pub fn empty() -> ResponseBody {
+    ResponseBody::Full(None)
+}
+
+pub enum ResponseBody {
+    Full(Option<Bytes>),
+    Proxied(Box<ProxiedBody>),
+}
+
+pub struct ProxiedBody {
+    inner: Incoming,
+    idle_timeout: Duration,
+    /// Fires `idle_timeout` after the last frame. Moved forward lazily, when
+    /// it fires, so a busy stream does not touch the timer on every frame.
+    idle: Pin<Box<Sleep>>,
+    last_frame: Instant,
+    // Dropped with the body; see the module comment.
+    _load: LoadGuard,
+    record: Record,
+}
+
+impl ProxiedBody {
+    pub fn new(inner: Incoming, load: LoadGuard, record: Record, idle_timeout: Duration) -> Self {
+        Self {
+            inner,
+            idle_timeout,
+            idle: Box::pin(tokio::time::sleep(idle_timeout)),
+            last_frame: Instant::now(),
+            _load: load,
+            record,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the replica sent nothing for {0:?}")]
+pub struct IdleTimeout(Duration);
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Proxied(p) => p.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Proxied(p) => p.inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Proxied(p) => p.inner.size_hint(),
+        }
+    }
+}
+
+impl ProxiedBody {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.record.on_data(data);
+                }
+                self.last_frame = Instant::now();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.record.on_error(&e.to_string());
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Ready(None) => {
+                self.record.on_end();
+                Poll::Ready(None)
+            }
+            Poll::Pending => loop {
+                ready!(self.idle.as_mut().poll(cx));
+                let deadline = self.last_frame + self.idle_timeout;
+                if deadline > Instant::now() {
+                    self.idle.as_mut().reset(deadline);
+                    continue;
+                }
+                let err = IdleTimeout(self.idle_timeout);
+                self.record.on_error(&err.to_string());
+                return Poll::Ready(Some(Err(err.into())));
+            },
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! Errors a pipeline stage answers the client with, in the OpenAI shape
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde_json::json;
+
+use crate::body::{self, ResponseBody};
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    /// Set for refusals a client should retry later (429/503).
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            param: Some("model"),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("The model `{model}` does not exist or is not served by this gateway."),
+            )
+        }
+    }
+
+    pub fn missing_model(message: impl Into<String>) -> Self {
+        Self {
+            param: Some("model"),
+            ..Self::invalid_request(message)
+        }
+    }
+
+    pub fn body_too_large(limit: u64) -> Self {
+        Self {
+            code: Some("body_too_large"),
+            ..Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("The request body is larger than the limit of {limit} bytes."),
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self {
+            code: Some("not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("No route for {path}."),
+            )
+        }
+    }
+
+    pub fn method_not_allowed(method: &http::Method, path: &str) -> Self {
+        Self {
+            code: Some("method_not_allowed"),
+            ..Self::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                format!("{method} is not allowed on {path}."),
+            )
+        }
+    }
+
+    pub fn saturated(pool: &str, retry_after: Duration) -> Self {
+        Self {
+            code: Some("pool_saturated"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "Every replica of pool `{pool}` is saturated; retry after {} ms.",
+                    retry_after.as_millis()
+                ),
+            )
+        }
+    }
+
+    pub fn no_replicas(pool: &str) -> Self {
+        Self {
+            code: Some("no_replicas"),
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("No replica of pool `{pool}` is reachable."),
+            )
+        }
+    }
+
+    pub fn upstream_timeout(pool: &str) -> Self {
+        Self {
+            code: Some("upstream_timeout"),
+            ..Self::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_error",
+                format!("The replica of pool `{pool}` did not answer in time."),
+            )
+        }
+    }
+
+    pub fn upstream_failed(pool: &str, detail: &str) -> Self {
+        Self {
+            code: Some("upstream_error"),
+            ..Self::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_error",
+                format!("The replica of pool `{pool}` failed: {detail}"),
+            )
+        }
+    }
+
+    pub fn shutting_down() -> Self {
+        Self {
+            code: Some("shutting_down"),
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                "The gateway is shutting down.",
+            )
+        }
+    }
+
+    pub fn body_json(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+
+    pub fn into_response(self) -> Response<ResponseBody> {
+        let mut response = Response::new(body::full(Bytes::from(self.body_json().to_string())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(after) = self.retry_after {
+            // Retry-After has whole seconds; round up so a client never
+            // comes back too early. retry-after-ms carries the precise value.
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(after.as_millis().max(1) as u64),
+            );
+        }
+        response
+    }
+}

@@ -1,0 +1,256 @@
+//! The request path, top to bottom. Every inference request passes these
+//! stages in order; any stage may answer the client directly with an
+//! OpenAI-shaped error.
+//!
+//! 1. accept — listener and connection limits (server.rs); body size here
+//! 2. authenticate — API key / JWT → tenant (not yet: every caller is anonymous)
+//! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
+//! 4. route — model name → pool (+ adapter)
+//! 5. authorize — tenant may use this model (with authentication)
+//! 6. admit — flow control; today a saturated pool refuses in `pick`
+//! 7. pick — the endpoint picker over the pool's current snapshot
+//! 8. forward — proxy to the replica, retrying other replicas only before
+//!    any response byte; stream the answer back
+//! 9. record — access log and load release, when the response body ends
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::body::{self, ProxiedBody, ResponseBody};
+use crate::error::ApiError;
+use crate::pool::PoolRuntime;
+use crate::record::Record;
+use crate::request::InferenceRequest;
+use crate::state::State;
+use crate::upstream::{self, REQUEST_ID};
+
+const X_POOL: &str = "x-infergate-pool";
+const X_ENDPOINT: &str = "x-infergate-endpoint";
+const X_SCORES: &str = "x-infergate-scores";
+
+/// Entry point for every request on a public listener.
+pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ResponseBody> {
+    let start = Instant::now();
+    let request_id = request_id(&req);
+    let mut response = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::GET, "/readyz") => readiness(&state),
+        (&Method::GET, "/v1/models") => json(state.routes.models_json()),
+        (_, "/healthz" | "/readyz" | "/v1/models") => {
+            ApiError::method_not_allowed(req.method(), req.uri().path()).into_response()
+        }
+        (&Method::POST, path) if path.starts_with("/v1/") => {
+            let record = Record::new(request_id.to_str().unwrap_or("-").to_owned(), start);
+            infer(&state, req, record, &request_id).await
+        }
+        (_, path) if path.starts_with("/v1/") => {
+            let mut r = ApiError::method_not_allowed(req.method(), path).into_response();
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            r
+        }
+        (_, path) => ApiError::not_found(path).into_response(),
+    };
+    response.headers_mut().insert(REQUEST_ID, request_id);
+    response
+}
+
+/// Stages 2–9 for one inference request.
+async fn infer(
+    state: &State,
+    req: Request<Incoming>,
+    mut record: Record,
+    request_id: &HeaderValue,
+) -> Response<ResponseBody> {
+    if state.is_shutting_down() {
+        return refuse(record, ApiError::shutting_down());
+    }
+    let (parts, body) = req.into_parts();
+
+    // 1. accept: the body, within the size limit.
+    let body = match read_body(body, &parts.headers, state.limits.max_body_bytes()).await {
+        Ok(body) => body,
+        Err(e) => return refuse(record, e),
+    };
+
+    // 2. authenticate: no authentication configured.
+
+    // 3. parse
+    let request = match InferenceRequest::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return refuse(record, e),
+    };
+    record.model = Some(request.model.clone());
+    record.stream = request.stream;
+
+    // 4. route
+    let route = match state.routes.resolve(&request.model) {
+        Ok(route) => route,
+        Err(e) => return refuse(record, e),
+    };
+    let pool = &state.pools[route.pool];
+    record.pool = Some(pool.name.clone());
+
+    // 5. authorize: every caller may use every model until tenants exist.
+    // 6. admit: flow control is a later stage; saturation refuses in pick.
+
+    // 7. pick and 8. forward, retrying other replicas before any byte.
+    let prefix_hashes = pool.picker.prompt_hashes(
+        &request.model,
+        route.adapter.as_deref(),
+        &request.body,
+    );
+    let mut tried: Vec<usize> = Vec::new();
+    loop {
+        let pick = picker::PickRequest {
+            adapter: route.adapter.as_deref(),
+            prefix_hashes: &prefix_hashes,
+            estimated_tokens: request.estimated_tokens,
+            explain: state.debug.decision_headers,
+        };
+        let now = Instant::now();
+        let decision = match pool.picker.pick(&pick, now.into_std(), &tried, &mut rand::thread_rng()) {
+            Ok(d) => d,
+            Err(picker::PickError::Saturated) => {
+                return refuse(record, ApiError::saturated(&pool.name, pool.retry_after(now.into_std())));
+            }
+            Err(picker::PickError::NoReplicas) => {
+                return refuse(record, ApiError::no_replicas(&pool.name));
+            }
+        };
+        let endpoint = Arc::clone(&decision.endpoint);
+        let load = endpoint.acquire(request.estimated_tokens);
+        pool.picker.record(endpoint.index, &prefix_hashes);
+        record.endpoint = Some(endpoint.addr.clone());
+        record.decision = decision.summary();
+        if decision.fallback {
+            tracing::warn!(pool = %pool.name, endpoint = %endpoint.addr,
+                "no replica has fresh metrics; picked by least-request");
+        }
+
+        let upstream_req = upstream::request(&parts, &endpoint.addr, body.clone(), request_id);
+        let sent = tokio::time::timeout(state.timeouts.first_byte(), pool.client.request(upstream_req)).await;
+        match sent {
+            Ok(Ok(resp)) => {
+                let (mut head, incoming) = resp.into_parts();
+                record.status = head.status.as_u16();
+                strip_hop_by_hop(&mut head.headers);
+                if state.debug.decision_headers {
+                    decision_headers(&mut head.headers, pool, &endpoint.addr, &decision);
+                }
+                let body = ProxiedBody::new(incoming, load, record, state.timeouts.idle());
+                return Response::from_parts(head, ResponseBody::Proxied(Box::new(body)));
+            }
+            // The replica may be generating: never send the work twice.
+            Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
+            Ok(Err(e)) => {
+                // Nothing reached the client yet, so another replica may try.
+                if e.is_connect() {
+                    endpoint.set_reachable(false);
+                }
+                tracing::debug!(pool = %pool.name, endpoint = %endpoint.addr, error = %e, "replica failed before answering");
+                tried.push(endpoint.index);
+                drop(load);
+                if tried.len() > pool.spec.retry.max_retries() as usize {
+                    return refuse(record, ApiError::upstream_failed(&pool.name, &e.to_string()));
+                }
+                record.retries += 1;
+            }
+        }
+    }
+}
+
+fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
+    record.status = error.status.as_u16();
+    record.on_error(&error.message);
+    error.into_response()
+}
+
+async fn read_body(
+    body: Incoming,
+    headers: &http::HeaderMap,
+    limit: u64,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    match Limited::new(body, limit as usize).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large(limit)),
+        Err(e) => Err(ApiError::invalid_request(format!("Could not read the request body: {e}"))),
+    }
+}
+
+fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    let mut kept = http::HeaderMap::with_capacity(headers.len());
+    upstream::copy_headers(headers, &mut kept);
+    // A streamed body is re-framed by our server; a known length stays.
+    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
+        kept.insert(header::CONTENT_LENGTH, len.clone());
+    }
+    *headers = kept;
+}
+
+fn decision_headers(
+    headers: &mut http::HeaderMap,
+    pool: &PoolRuntime,
+    endpoint: &str,
+    decision: &picker::Decision,
+) {
+    let pairs = [
+        (X_POOL, pool.name.clone()),
+        (X_ENDPOINT, endpoint.to_owned()),
+        (X_SCORES, decision.scores_header()),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            if !value.is_empty() {
+                headers.insert(name, v);
+            }
+        }
+    }
+}
+
+fn request_id(req: &Request<Incoming>) -> HeaderValue {
+    req.headers()
+        .get(REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .cloned()
+        .unwrap_or_else(|| {
+            let id: u128 = rand::random();
+            HeaderValue::from_str(&format!("{id:032x}")).expect("hex is a valid header value")
+        })
+}
+
+fn readiness(state: &State) -> Response<ResponseBody> {
+    let now = std::time::Instant::now();
+    if state.pools.iter().any(|p| p.is_ready(now)) {
+        text(StatusCode::OK, "ready")
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, "no pool has a usable replica")
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
+    let mut r = Response::new(body::full(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+fn json(bytes: Bytes) -> Response<ResponseBody> {
+    let mut r = Response::new(body::full(bytes));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}

@@ -1,0 +1,356 @@
+//! The gateway end to end: real listeners on 127.0.0.1, fake replicas
+//! whose behaviour each test controls.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use gateway::Gateway;
+use serde_json::{Value, json};
+use support::{Behaviour, FakeReplica, client, config};
+
+const CHAT: &str = "/v1/chat/completions";
+
+fn pool(name: &str, models: &str, adapters: &str, replicas: &[&FakeReplica], policy: &str) -> String {
+    let endpoints: Vec<String> = replicas.iter().map(|r| format!("\"{}\"", r.addr)).collect();
+    format!(
+        "    - {{name: {name}, engine: none, models: [{models}], adapters: [{adapters}], endpoints: [{}], scheduling: {{policy: {policy}}}}}\n",
+        endpoints.join(", ")
+    )
+}
+
+async fn post(gw: &Gateway, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+    client()
+        .post(format!("http://{}{path}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn chat(gw: &Gateway, model: &str) -> reqwest::Response {
+    post(gw, CHAT, json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string()).await
+}
+
+async fn error_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.unwrap();
+    for field in ["message", "type", "param", "code"] {
+        assert!(body["error"].get(field).is_some(), "no error.{field} in {body}");
+    }
+    (status, body)
+}
+
+#[tokio::test]
+async fn routes_by_model_and_adapter_across_pools() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let b = FakeReplica::start("b", Behaviour::Echo).await;
+    let cfg = config(
+        "",
+        &(pool("llama", "llama-8b", "sql-lora", &[&a], "round-robin")
+            + &pool("qwen", "qwen-32b", "", &[&b], "round-robin")),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    for (model, replica) in [("llama-8b", "a"), ("qwen-32b", "b"), ("sql-lora", "a")] {
+        let resp = chat(&gw, model).await;
+        assert_eq!(resp.status(), 200);
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["replica"], replica, "model {model}");
+    }
+    assert_eq!(a.count(), 2);
+    assert_eq!(b.count(), 1);
+    // The adapter request reaches the replica with its body unchanged.
+    let last: Value = serde_json::from_slice(&a.received()[1].body).unwrap();
+    assert_eq!(last["model"], "sql-lora");
+}
+
+#[tokio::test]
+async fn lists_models_and_adapters() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let cfg = config("", &pool("llama", "llama-8b, llama-8b-instruct", "sql-lora, chat-lora", &[&a], "random"));
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let body: Value = client()
+        .get(format!("http://{}/v1/models", gw.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["object"], "list");
+    let data = body["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["llama-8b", "llama-8b-instruct", "sql-lora", "chat-lora"]);
+    assert!(data[0]["parent"].is_null());
+    assert_eq!(data[2]["parent"], "llama-8b");
+    assert_eq!(data[3]["object"], "model");
+}
+
+#[tokio::test]
+async fn bad_requests_get_openai_errors() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let cfg = config("  limits: {maxBodyBytes: 1000}\n", &pool("p", "m", "", &[&a], "round-robin"));
+    let gw = Gateway::start(&cfg).await.unwrap();
+
+    let (status, body) = error_of(chat(&gw, "no-such-model").await).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert_eq!(body["error"]["param"], "model");
+
+    for (payload, what) in [
+        (r#"{"messages": []}"#, "missing model"),
+        (r#"{"model": 7}"#, "non-string model"),
+        (r#"{"model": "m", "#, "malformed JSON"),
+        ("[]", "not an object"),
+    ] {
+        let (status, body) = error_of(post(&gw, CHAT, payload).await).await;
+        assert_eq!(status, 400, "{what}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{what}");
+    }
+
+    let big = json!({"model": "m", "prompt": "x".repeat(2000)}).to_string();
+    let (status, _) = error_of(post(&gw, "/v1/completions", big.clone()).await).await;
+    assert_eq!(status, 413);
+    // Without a Content-Length the limit still holds, counted while reading.
+    let chunks = futures_util::stream::iter(
+        big.into_bytes().chunks(100).map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c))).collect::<Vec<_>>(),
+    );
+    let (status, _) = error_of(post(&gw, "/v1/completions", reqwest::Body::wrap_stream(chunks)).await).await;
+    assert_eq!(status, 413);
+
+    let resp = client().get(format!("http://{}{CHAT}", gw.addr())).send().await.unwrap();
+    assert_eq!(resp.headers()["allow"], "POST");
+    assert_eq!(error_of(resp).await.0, 405);
+    let resp = client().delete(format!("http://{}/v1/models", gw.addr())).send().await.unwrap();
+    assert_eq!(error_of(resp).await.0, 405);
+    let resp = client().get(format!("http://{}/nothing/here", gw.addr())).send().await.unwrap();
+    assert_eq!(error_of(resp).await.0, 404);
+
+    assert_eq!(a.count(), 0, "no bad request may reach a replica");
+}
+
+#[tokio::test]
+async fn forwards_body_byte_for_byte_with_request_id() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    // Odd spacing, key order, unicode escapes and extra fields must survive.
+    let body = "{ \"z\":1,\"model\" :\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \u{1F600}\"}],\"extra\":{\"a\":[1,2.50]}}  \n";
+    let resp = client()
+        .post(format!("http://{}/v1/custom/endpoint?x=1", gw.addr()))
+        .header("x-request-id", "req-123")
+        .header("authorization", "Bearer secret")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-request-id"], "req-123");
+    let got = &a.received()[0];
+    assert_eq!(got.body, body.as_bytes());
+    assert_eq!(got.path, "/v1/custom/endpoint");
+    assert_eq!(got.headers["x-request-id"], "req-123");
+    assert_eq!(got.headers["authorization"], "Bearer secret");
+
+    // Without a client id, one is generated and sent upstream too.
+    let resp = chat(&gw, "m").await;
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32);
+    assert_eq!(a.received()[1].headers["x-request-id"], id.as_str());
+}
+
+#[tokio::test]
+async fn decision_headers_name_pool_and_endpoint() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let cfg = config("  debug: {decisionHeaders: true}\n", &pool("p", "m", "", &[&a], "round-robin"));
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let resp = chat(&gw, "m").await;
+    assert_eq!(resp.headers()["x-infergate-pool"], "p");
+    assert_eq!(resp.headers()["x-infergate-endpoint"], a.addr.to_string().as_str());
+}
+
+#[tokio::test]
+async fn streams_events_as_they_come() {
+    let a = FakeReplica::start("a", Behaviour::Stream).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let request = tokio::spawn({
+        let url = format!("http://{}{CHAT}", gw.addr());
+        async move {
+            client()
+                .post(url)
+                .body(r#"{"model":"m","stream":true,"messages":[]}"#)
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    let events = a.next_stream().await;
+    events.send(Bytes::from_static(b"data: {\"n\":1}\n\n")).await.unwrap();
+    let resp = request.await.unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let mut body = resp.bytes_stream();
+    // The first event arrives while the replica is still generating.
+    let first = body.next().await.unwrap().unwrap();
+    assert_eq!(first, "data: {\"n\":1}\n\n");
+    events.send(Bytes::from_static(b"data: {\"n\":2}\n\n")).await.unwrap();
+    assert_eq!(body.next().await.unwrap().unwrap(), "data: {\"n\":2}\n\n");
+    events.send(Bytes::from_static(b"data: [DONE]\n\n")).await.unwrap();
+    drop(events);
+    assert_eq!(body.next().await.unwrap().unwrap(), "data: [DONE]\n\n");
+    assert!(body.next().await.is_none());
+}
+
+#[tokio::test]
+async fn client_disconnect_aborts_the_upstream_stream() {
+    let a = FakeReplica::start("a", Behaviour::Stream).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "least-request"))).await.unwrap();
+    let url = format!("http://{}{CHAT}", gw.addr());
+    let request = tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .body(r#"{"model":"m","stream":true}"#)
+            .send()
+            .await
+            .unwrap();
+        let mut body = resp.bytes_stream();
+        body.next().await.unwrap().unwrap();
+        // The client goes away after the first event.
+    });
+    let events = a.next_stream().await;
+    events.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    request.await.unwrap();
+    // The replica sees its response body dropped: the gateway closed the
+    // upstream connection. Keep sending so the gateway notices the client.
+    let aborted = async {
+        loop {
+            if events.send(Bytes::from_static(b"data: more\n\n")).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), aborted)
+        .await
+        .expect("the upstream stream was not aborted");
+}
+
+#[tokio::test]
+async fn dead_replica_costs_no_failed_requests() {
+    let alive = FakeReplica::start("alive", Behaviour::Echo).await;
+    let dead = FakeReplica::start("dead", Behaviour::Echo).await;
+    dead.kill();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead, &alive], "round-robin")))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        let resp = chat(&gw, "m").await;
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(alive.count(), 20);
+}
+
+#[tokio::test]
+async fn no_reachable_replica_is_503() {
+    let dead = FakeReplica::start("dead", Behaviour::Echo).await;
+    dead.kill();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead], "round-robin"))).await.unwrap();
+    let (status, body) = error_of(chat(&gw, "m").await).await;
+    assert_eq!(status, 503);
+    assert!(body["error"]["message"].as_str().unwrap().contains("`p`"));
+}
+
+#[tokio::test]
+async fn round_robin_spreads_evenly() {
+    let replicas = [
+        FakeReplica::start("a", Behaviour::Echo).await,
+        FakeReplica::start("b", Behaviour::Echo).await,
+        FakeReplica::start("c", Behaviour::Echo).await,
+    ];
+    let refs: Vec<&FakeReplica> = replicas.iter().collect();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &refs, "round-robin"))).await.unwrap();
+    for _ in 0..30 {
+        assert_eq!(chat(&gw, "m").await.status(), 200);
+    }
+    for r in &replicas {
+        assert_eq!(r.count(), 10, "replica {}", r.name);
+    }
+}
+
+#[tokio::test]
+async fn least_request_avoids_busy_replicas() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let busy = FakeReplica::start("busy", Behaviour::Held(Arc::clone(&gate))).await;
+    let free = FakeReplica::start("free", Behaviour::Echo).await;
+    let gw = Arc::new(
+        Gateway::start(&config("", &pool("p", "m", "", &[&busy, &free], "least-request")))
+            .await
+            .unwrap(),
+    );
+    // With equal load the first request may go to either replica; send
+    // until one is held by the busy replica.
+    let held = loop {
+        let gw = Arc::clone(&gw);
+        let mut request = tokio::spawn(async move { chat(&gw, "m").await.status() });
+        let arrived_at_busy = tokio::select! {
+            _ = busy.wait_for(1) => true,
+            status = &mut request => {
+                assert_eq!(status.unwrap(), 200);
+                false
+            }
+        };
+        if arrived_at_busy {
+            break request;
+        }
+    };
+    let before = free.count();
+    // With one request in flight on `busy`, every new one goes to `free`.
+    for _ in 0..10 {
+        assert_eq!(chat(&gw, "m").await.status(), 200);
+    }
+    assert_eq!(free.count() - before, 10);
+    gate.add_permits(1);
+    assert_eq!(held.await.unwrap(), 200);
+}
+
+#[tokio::test]
+async fn graceful_shutdown_lets_a_stream_finish() {
+    let a = FakeReplica::start("a", Behaviour::Stream).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let addr = gw.addr();
+    let url = format!("http://{addr}{CHAT}");
+    let request = tokio::spawn(async move {
+        let resp = client().post(url).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+        resp.bytes().await.unwrap()
+    });
+    let events = a.next_stream().await;
+    events.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    let shutdown = tokio::spawn(gw.shutdown());
+    // New connections are refused once the listener is closed.
+    let refused = async {
+        loop {
+            if tokio::net::TcpStream::connect(addr).await.is_err() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), refused).await.unwrap();
+    events.send(Bytes::from_static(b"data: 2\n\n")).await.unwrap();
+    drop(events);
+    assert_eq!(request.await.unwrap(), "data: 1\n\ndata: 2\n\n");
+    assert!(shutdown.await.unwrap(), "drain did not complete");
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let c = client();
+    let healthz = c.get(format!("http://{}/healthz", gw.addr())).send().await.unwrap();
+    assert_eq!(healthz.status(), 200);
+    let readyz = c.get(format!("http://{}/readyz", gw.addr())).send().await.unwrap();
+    assert_eq!(readyz.status(), 200);
+}

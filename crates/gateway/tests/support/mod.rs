@@ -1,0 +1,242 @@
+//! Fake replicas on 127.0.0.1 whose behaviour each test controls, and a
+//! gateway started in front of them.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+
+pub type FakeBody = BoxBody<Bytes, Infallible>;
+
+/// What a fake replica received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: http::Method,
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+/// How a fake replica answers `/v1/*`.
+#[derive(Clone)]
+pub enum Behaviour {
+    /// 200 with a JSON body naming the replica.
+    Echo,
+    /// Answer only when the test releases the request (one permit each).
+    Held(Arc<tokio::sync::Semaphore>),
+    /// An SSE stream whose events the test sends through the channel handed
+    /// out by [`FakeReplica::next_stream`].
+    Stream,
+}
+
+pub struct FakeReplica {
+    pub addr: SocketAddr,
+    pub name: String,
+    received: Arc<Mutex<Vec<Received>>>,
+    arrived: Arc<Notify>,
+    streams: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>>>,
+    metrics: Arc<Mutex<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeReplica {
+    pub async fn start(name: &str, behaviour: Behaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, name, behaviour)
+    }
+
+    /// Start on a given address (e.g. to bring a replica back).
+    pub async fn start_at(addr: SocketAddr, name: &str, behaviour: Behaviour) -> Self {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        Self::serve(listener, name, behaviour)
+    }
+
+    fn serve(listener: TcpListener, name: &str, behaviour: Behaviour) -> Self {
+        let addr = listener.local_addr().unwrap();
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let arrived = Arc::new(Notify::new());
+        let (stream_tx, stream_rx) = mpsc::unbounded_channel();
+        let metrics = Arc::new(Mutex::new(idle_vllm_metrics()));
+        let ctx = Arc::new(Ctx {
+            name: name.to_owned(),
+            behaviour,
+            received: Arc::clone(&received),
+            arrived: Arc::clone(&arrived),
+            streams: stream_tx,
+            metrics: Arc::clone(&metrics),
+        });
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { break };
+                let _ = stream.set_nodelay(true);
+                let ctx = Arc::clone(&ctx);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let ctx = Arc::clone(&ctx);
+                        async move { Ok::<_, Infallible>(ctx.answer(req).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            name: name.to_owned(),
+            received,
+            arrived,
+            streams: Arc::new(tokio::sync::Mutex::new(stream_rx)),
+            metrics,
+            task,
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().clone()
+    }
+
+    /// Inference requests received (scrapes not counted).
+    pub fn count(&self) -> usize {
+        self.received.lock().len()
+    }
+
+    /// Wait until at least `n` inference requests have arrived.
+    pub async fn wait_for(&self, n: usize) {
+        loop {
+            let notified = self.arrived.notified();
+            if self.count() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The sender for the next streamed response, once its request arrived.
+    pub async fn next_stream(&self) -> mpsc::Sender<Bytes> {
+        self.streams.lock().await.recv().await.expect("replica stopped")
+    }
+
+    pub fn set_metrics(&self, text: &str) {
+        *self.metrics.lock() = text.to_owned();
+    }
+
+    /// Stop listening and drop every connection.
+    pub fn kill(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for FakeReplica {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Ctx {
+    name: String,
+    behaviour: Behaviour,
+    received: Arc<Mutex<Vec<Received>>>,
+    arrived: Arc<Notify>,
+    streams: mpsc::UnboundedSender<mpsc::Sender<Bytes>>,
+    metrics: Arc<Mutex<String>>,
+}
+
+impl Ctx {
+    async fn answer(&self, req: Request<Incoming>) -> Response<FakeBody> {
+        if req.uri().path() == "/metrics" {
+            return full(StatusCode::OK, self.metrics.lock().clone());
+        }
+        let (parts, body) = req.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        self.received.lock().push(Received {
+            method: parts.method,
+            path: parts.uri.path().to_owned(),
+            headers: parts.headers,
+            body,
+        });
+        self.arrived.notify_waiters();
+        match &self.behaviour {
+            Behaviour::Echo => self.echo(),
+            Behaviour::Held(gate) => {
+                gate.acquire().await.unwrap().forget();
+                self.echo()
+            }
+            Behaviour::Stream => {
+                let (tx, rx) = mpsc::channel::<Bytes>(16);
+                self.streams.send(tx).unwrap();
+                let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv()
+                        .await
+                        .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+                });
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(BodyExt::boxed(StreamBody::new(stream)))
+                    .unwrap()
+            }
+        }
+    }
+
+    fn echo(&self) -> Response<FakeBody> {
+        let mut r = full(
+            StatusCode::OK,
+            format!(r#"{{"object":"chat.completion","replica":"{}"}}"#, self.name),
+        );
+        r.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        r
+    }
+}
+
+fn full(status: StatusCode, body: String) -> Response<FakeBody> {
+    let mut r = Response::new(BodyExt::boxed(Full::new(Bytes::from(body))));
+    *r.status_mut() = status;
+    r
+}
+
+/// A vLLM exposition for an idle replica.
+pub fn idle_vllm_metrics() -> String {
+    vllm_metrics(0, 0, 0.0, &[])
+}
+
+pub fn vllm_metrics(waiting: u64, running: u64, kv: f64, resident: &[&str]) -> String {
+    format!(
+        "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"m\"}} {waiting}\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"m\"}} {running}\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m\"}} {kv}\n\
+         # TYPE vllm:lora_requests_info gauge\n\
+         vllm:lora_requests_info{{max_lora=\"2\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"\"}} 1.7e9\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"10000\"}} 1.0\n",
+        resident.join(",")
+    )
+}
+
+/// A gateway config with one listener on a free port and the given pools
+/// (YAML list items, indented by four spaces).
+pub fn config(extra_spec: &str, pools: &str) -> config::InferenceGatewayConfig {
+    let yaml = format!(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:0\"}}\n{extra_spec}  pools:\n{pools}"
+    );
+    config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config refused: {e}\n{yaml}"))
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
