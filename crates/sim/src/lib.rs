@@ -1,1 +1,30 @@
-//! placeholder
+//! Simulated model servers for testing and benchmarking the gateway without
+//! GPUs.
+//!
+//! A replica is an [`engine`] model of a vLLM-style server (continuous
+//! batching, paged KV cache with prefix caching, LoRA slots, roofline timing)
+//! driven in scaled real time behind an HTTP front that speaks the OpenAI API
+//! and exposes `/metrics` with the exact names of vLLM, SGLang, TGI or
+//! llama.cpp. Faults (errors, hangs, dead or frozen metrics, slow-downs,
+//! crashes) can be switched on at start or at run time.
+//!
+//! - [`start_replica`] / [`start_fleet`]: run replicas in-process (tests, bench).
+//! - [`cli`]: `infergate sim`, a fleet on consecutive ports until Ctrl-C.
+//! - [`tokenizer`]: the deterministic approximate tokenizer prompts go through.
+//! - [`metrics`]: the `/metrics` renderers, one per engine dialect.
+//! - [`faults`]: what can go wrong, and the admin API's request shapes.
+
+pub mod cli;
+pub mod engine;
+pub mod faults;
+pub mod fleet;
+mod http;
+pub mod metrics;
+mod replica;
+pub mod tokenizer;
+
+pub use faults::{Faults, FaultsUpdate, MetricsFault};
+pub use fleet::{
+    Fleet, FleetSpec, ReplicaHandle, ReplicaInfo, ReplicaSpec, start_fleet, start_replica,
+};
+pub use metrics::Dialect;

@@ -1,0 +1,643 @@
+//! The engine: vLLM V1's scheduling loop as a discrete-event state machine.
+//!
+//! One step at a time is in flight. When it completes, its requests advance
+//! (a prefill chunk is stored, or a token is sampled) and the next step is
+//! formed at once, as vLLM's busy loop does:
+//!
+//! 1. Running requests, oldest first, each get their next tokens (one for a
+//!    decode, the rest of the prompt up to the budget for a chunked prefill)
+//!    within `max_num_batched_tokens`. A request that needs a KV block when
+//!    none is free preempts the newest running request (its blocks are freed
+//!    and it goes back to the front of the waiting queue, to be recomputed),
+//!    repeatedly, down to preempting itself.
+//! 2. If nothing was preempted, waiting requests are admitted first come,
+//!    first served while the budget, `max_num_seqs`, KV blocks and LoRA slots
+//!    allow. Each takes its longest cached prefix from the prefix cache and
+//!    prefills the rest, chunked to the remaining budget. The first request
+//!    that does not fit in KV memory stops admission (head-of-line), while a
+//!    request blocked only by LoRA slots is passed over.
+//!
+//! The step's duration comes from the roofline model ([`super::timing`]).
+
+use std::collections::HashMap;
+
+use super::config::EngineConfig;
+use super::kv_cache::{BlockHasher, KvCache};
+use super::lora::LoraManager;
+use super::request::{Phase, RequestTable};
+use super::timing::{Roofline, StepLoad};
+use super::waiting::{SlotRef, WaitingQueue};
+use super::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
+
+/// The step in flight.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepInfo {
+    /// When it completes.
+    pub end: f64,
+    /// Requests it advances.
+    pub sequences: u32,
+    /// Tokens it computes (at most `max_num_batched_tokens`).
+    pub tokens: u32,
+}
+
+/// One request's share of the step in flight.
+#[derive(Clone, Copy, Debug)]
+struct Scheduled {
+    at: SlotRef,
+    new_tokens: u32,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    prefix_cache_queries: u64,
+    prefix_cache_hits: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    preemptions: u64,
+    finished: u64,
+    aborted: u64,
+    rejected: u64,
+    steps: u64,
+}
+
+/// A simulated vLLM engine. See the module documentation for the model.
+pub struct Engine {
+    cfg: EngineConfig,
+    roofline: Roofline,
+    kv: KvCache,
+    lora: LoraManager,
+    waiting: WaitingQueue,
+    requests: RequestTable,
+    by_id: HashMap<u64, u32>,
+    /// Running requests in admission order (the last is preempted first).
+    running: Vec<u32>,
+    /// End time of the step in flight.
+    step_end: Option<f64>,
+    /// An idle engine received work: the next step starts at this time, at
+    /// the next `advance`, so every request that arrives at the same instant
+    /// joins it (vLLM drains its input queue before scheduling).
+    start_at: Option<f64>,
+    /// Work of the step in flight (reused between steps).
+    batch: Vec<Scheduled>,
+    /// Tokens computed by the step in flight.
+    batch_tokens: u32,
+    /// Events produced outside `advance` (rejections, aborts, and steps that
+    /// completed while catching up in `submit`/`abort`).
+    pending: Vec<EngineEvent>,
+    /// Latest time the engine has been told about.
+    clock: f64,
+    token_events: bool,
+    next_serial: u64,
+    hasher: BlockHasher,
+    /// Scratch for prefix-cache lookups.
+    hits: Vec<u32>,
+    counters: Counters,
+}
+
+impl Engine {
+    /// An idle engine. Call [`EngineConfig::validate`] first: out-of-range
+    /// values are clamped here rather than refused.
+    pub fn new(mut cfg: EngineConfig) -> Self {
+        cfg.max_num_seqs = cfg.max_num_seqs.max(1);
+        cfg.max_num_batched_tokens = cfg.max_num_batched_tokens.max(1);
+        cfg.block_size = cfg.block_size.max(1);
+        if !(cfg.slowdown.is_finite() && cfg.slowdown > 0.0) {
+            cfg.slowdown = 1.0;
+        }
+        let num_blocks = u32::try_from(cfg.num_gpu_blocks()).unwrap_or(u32::MAX - 1);
+        Engine {
+            roofline: Roofline::new(&cfg),
+            kv: KvCache::new(num_blocks, cfg.block_size, cfg.enable_prefix_caching),
+            lora: LoraManager::new(cfg.max_loras),
+            waiting: WaitingQueue::new(),
+            requests: RequestTable::new(),
+            by_id: HashMap::new(),
+            running: Vec::new(),
+            step_end: None,
+            start_at: None,
+            batch: Vec::new(),
+            batch_tokens: 0,
+            pending: Vec::new(),
+            clock: f64::NEG_INFINITY,
+            token_events: true,
+            next_serial: 0,
+            hasher: BlockHasher::new(),
+            hits: Vec::new(),
+            counters: Counters::default(),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The step-time model this engine uses.
+    pub fn roofline(&self) -> &Roofline {
+        &self.roofline
+    }
+
+    /// Emit [`EngineEvent::Token`] for every output token after the first
+    /// (default), or only first tokens and completions — the fleet
+    /// benchmark's choice, since per-token events dominate its cost.
+    pub fn set_token_events(&mut self, enabled: bool) {
+        self.token_events = enabled;
+    }
+
+    /// Accept a request arriving at `now`. Problems (too long, unknown
+    /// adapter, duplicate id) produce [`EngineEvent::Rejected`] at the next
+    /// [`Engine::advance`]. An idle engine starts a step at `now`; the step
+    /// is formed at the next `advance`, so requests arriving at the same
+    /// instant share it.
+    pub fn submit(&mut self, now: f64, req: SimRequest) {
+        let now = self.catch_up(now);
+        if let Err(reason) = self.admissible(&req) {
+            self.counters.rejected += 1;
+            self.pending.push(EngineEvent::Rejected {
+                id: req.id,
+                at: now,
+                reason,
+            });
+            return;
+        }
+        let adapter = req
+            .adapter
+            .as_deref()
+            .and_then(|name| self.lora.lookup(name));
+        let hash_root = match adapter {
+            Some(a) => self.lora.hash_root(a),
+            None => BlockHasher::root(None),
+        };
+        let slot = self.requests.insert();
+        let r = self.requests.get_mut(slot);
+        r.id = req.id;
+        r.serial = self.next_serial;
+        r.phase = Phase::Waiting;
+        r.prompt = req.prompt;
+        r.max_tokens = req.max_tokens;
+        r.output_len = 0;
+        r.num_computed = 0;
+        r.cached_tokens = None;
+        r.adapter = adapter;
+        r.hash_root = hash_root;
+        r.registered_blocks = 0;
+        if self.cfg.enable_prefix_caching {
+            let prompt_len = r.prompt_len();
+            r.hash_blocks(&mut self.hasher, self.cfg.block_size, prompt_len);
+        }
+        let lane = r.lane();
+        self.next_serial += 1;
+        self.by_id.insert(req.id, slot);
+        self.waiting.push_back(lane, self.requests.slot_ref(slot));
+        if self.step_end.is_none() && self.start_at.is_none() {
+            self.start_at = Some(now);
+        }
+    }
+
+    /// Abort a request: its KV blocks are freed at once and
+    /// `Finished { reason: Aborted }` is emitted at the next advance.
+    /// Unknown or already finished ids are ignored.
+    pub fn abort(&mut self, now: f64, id: u64) {
+        let now = self.catch_up(now);
+        let Some(slot) = self.by_id.remove(&id) else {
+            return;
+        };
+        let r = self.requests.get_mut(slot);
+        let phase = r.phase;
+        let lane = r.lane();
+        let adapter = r.adapter;
+        self.pending.push(EngineEvent::Finished {
+            id,
+            at: now,
+            prompt_tokens: r.prompt_len(),
+            completion_tokens: r.output_len,
+            cached_tokens: r.cached_tokens.unwrap_or(0),
+            reason: FinishReason::Aborted,
+        });
+        self.kv.free(&mut r.blocks);
+        self.requests.remove(slot);
+        match phase {
+            Phase::Waiting => {
+                let requests = &self.requests;
+                self.waiting
+                    .forget(lane, |at| requests.is(at, Phase::Waiting));
+            }
+            Phase::Running => {
+                self.running.retain(|&s| s != slot);
+                if let Some(a) = adapter {
+                    self.lora.release(a);
+                }
+            }
+            Phase::Free => unreachable!("a request in by_id is never free"),
+        }
+        self.counters.aborted += 1;
+    }
+
+    /// Make an adapter known to the server (like `--lora-modules` or the
+    /// load endpoint). It becomes resident only when a request uses it.
+    pub fn register_adapter(&mut self, name: &str) {
+        self.lora.register(name, BlockHasher::root(Some(name)));
+    }
+
+    /// Forget an adapter for new requests; requests already accepted finish.
+    pub fn unregister_adapter(&mut self, name: &str) -> bool {
+        self.lora.unregister(name)
+    }
+
+    /// Registered adapters, in registration order.
+    pub fn known_adapters(&self) -> Vec<String> {
+        self.lora.known()
+    }
+
+    /// Step-time multiplier for steps started from now on (1.0 = normal).
+    /// Non-positive or non-finite factors are ignored.
+    pub fn set_slowdown(&mut self, factor: f64) {
+        if factor.is_finite() && factor > 0.0 {
+            self.cfg.slowdown = factor;
+        }
+    }
+
+    /// When [`Engine::advance`] must next be called: the end of the step in
+    /// flight, the start of a step for newly submitted work, or the time of
+    /// an event already pending. `None` when idle.
+    pub fn next_event_at(&self) -> Option<f64> {
+        self.pending
+            .iter()
+            .map(EngineEvent::at)
+            .chain(self.step_end)
+            .chain(self.start_at)
+            .reduce(f64::min)
+    }
+
+    /// Run every step that completes at or before `until`, starting the next
+    /// one as soon as each ends, and append the events in time order.
+    pub fn advance(&mut self, until: f64, out: &mut Vec<EngineEvent>) {
+        out.append(&mut self.pending);
+        self.run_until(until, out, true);
+        self.clock = self.clock.max(until);
+    }
+
+    /// The step in flight, if any.
+    pub fn current_step(&self) -> Option<StepInfo> {
+        self.step_end.map(|end| StepInfo {
+            end,
+            sequences: self.batch.len() as u32,
+            tokens: self.batch_tokens,
+        })
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.counters;
+        let names = |ids: &mut dyn Iterator<Item = u32>| -> Vec<String> {
+            ids.map(|a| self.lora.name(a).to_owned()).collect()
+        };
+        let waiting_adapters = (1..self.waiting.lanes())
+            .filter(|&lane| self.waiting.lane_len(lane) > 0)
+            .map(|lane| self.lora.name((lane - 1) as u32).to_owned())
+            .collect();
+        EngineStats {
+            waiting: self.waiting.len() as u64,
+            running: self.running.len() as u64,
+            kv_usage: self.kv.usage(),
+            num_gpu_blocks: u64::from(self.kv.num_blocks()),
+            block_size: self.cfg.block_size,
+            running_adapters: names(&mut self.lora.in_use().iter().copied()),
+            waiting_adapters,
+            max_loras: self.cfg.max_loras,
+            prefix_cache_queries: c.prefix_cache_queries,
+            prefix_cache_hits: c.prefix_cache_hits,
+            prompt_tokens_total: c.prompt_tokens,
+            generation_tokens_total: c.generation_tokens,
+            preemptions_total: c.preemptions,
+            requests_finished_total: c.finished,
+        }
+    }
+
+    /// Counters not in [`EngineStats`].
+    pub fn counters(&self) -> EngineCounters {
+        EngineCounters {
+            requests_aborted_total: self.counters.aborted,
+            requests_rejected_total: self.counters.rejected,
+            lora_loads_total: self.lora.loads_total(),
+            steps_total: self.counters.steps,
+            resident_adapters: self
+                .lora
+                .resident()
+                .map(|a| self.lora.name(a).to_owned())
+                .collect(),
+        }
+    }
+
+    /// Why `req` cannot be accepted, in the words vLLM uses where it has some.
+    fn admissible(&self, req: &SimRequest) -> Result<(), String> {
+        if self.by_id.contains_key(&req.id) {
+            return Err(format!("request id {} is already in flight", req.id));
+        }
+        if req.prompt.is_empty() {
+            return Err("the prompt is empty".to_owned());
+        }
+        if req.max_tokens == 0 {
+            return Err("max_tokens must be at least 1".to_owned());
+        }
+        let total = req.prompt.len() as u64 + u64::from(req.max_tokens);
+        if total > u64::from(self.cfg.max_model_len) {
+            return Err(format!(
+                "This model's maximum context length is {} tokens. However, you requested {} \
+                 tokens ({} in the messages, {} in the completion). Please reduce the length of \
+                 the messages or completion.",
+                self.cfg.max_model_len,
+                total,
+                req.prompt.len(),
+                req.max_tokens
+            ));
+        }
+        // The last sampled token is never written to the cache.
+        let blocks = (total - 1).div_ceil(u64::from(self.cfg.block_size));
+        if blocks > u64::from(self.kv.num_blocks()) {
+            return Err(format!(
+                "the request needs {blocks} KV-cache blocks but the cache holds {}",
+                self.kv.num_blocks()
+            ));
+        }
+        if let Some(name) = &req.adapter {
+            if !self.lora.enabled() {
+                return Err(format!(
+                    "LoRA adapter `{name}` requested but LoRA is not enabled (max_loras = 0)"
+                ));
+            }
+            if self.lora.lookup(name).is_none() {
+                return Err(format!("The model `{name}` does not exist."));
+            }
+        }
+        Ok(())
+    }
+
+    /// Process everything up to `now` into `pending` so a new input sees the
+    /// engine as it is at `now`. Time never goes backwards.
+    fn catch_up(&mut self, now: f64) -> f64 {
+        let now = now.max(self.clock);
+        let mut pending = std::mem::take(&mut self.pending);
+        self.run_until(now, &mut pending, false);
+        self.pending = pending;
+        self.clock = now;
+        now
+    }
+
+    /// Complete every step that ends at or before `until`. A step due to
+    /// start exactly at `until` is started only when `start_at_until` (in
+    /// `advance`); `submit` and `abort` leave it pending so that more work
+    /// arriving at the same instant still joins it.
+    fn run_until(&mut self, until: f64, out: &mut Vec<EngineEvent>, start_at_until: bool) {
+        loop {
+            if let Some(end) = self.step_end {
+                if end > until {
+                    break;
+                }
+                self.complete_step(end, out);
+                self.step_end = None;
+                self.start_at = Some(end);
+                continue;
+            }
+            match self.start_at {
+                Some(start) if start < until || (start_at_until && start == until) => {
+                    self.start_at = None;
+                    self.start_step(start);
+                    if self.step_end.is_none() {
+                        break; // nothing to do: idle
+                    }
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// Form the next step at `start`; stay idle when there is no work.
+    fn start_step(&mut self, start: f64) {
+        let (load, lora_loads) = self.schedule();
+        if self.batch.is_empty() {
+            return;
+        }
+        self.counters.steps += 1;
+        self.batch_tokens = load.tokens as u32;
+        self.lora.touch_in_use(self.counters.steps);
+        let gpu = self.roofline.step_seconds(&load);
+        let swaps = f64::from(lora_loads) * self.cfg.lora_load_seconds;
+        self.step_end = Some(start + (gpu + swaps) * self.cfg.slowdown);
+    }
+
+    /// Fill `self.batch` for the next step. Returns its load and how many
+    /// adapters it must load.
+    fn schedule(&mut self) -> (StepLoad, u32) {
+        let (load, loads, preempted) = self.schedule_pass();
+        if self.batch.is_empty() && preempted {
+            // Every running request was preempted: the freed memory goes to
+            // the waiting queue (led by the preempted) in a second pass.
+            let (load, loads, _) = self.schedule_pass();
+            return (load, loads);
+        }
+        (load, loads)
+    }
+
+    fn schedule_pass(&mut self) -> (StepLoad, u32, bool) {
+        self.batch.clear();
+        let mut load = StepLoad::default();
+        let mut lora_loads = 0;
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut preempted = false;
+        let block_size = self.cfg.block_size;
+        let this_step = self.counters.steps + 1;
+
+        // 1. Running requests: decodes and unfinished chunked prefills.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let slot = self.running[i];
+            let r = self.requests.get(slot);
+            let computed = r.num_computed;
+            let new = (r.num_tokens() - computed).min(budget);
+            let scheduled = loop {
+                let r = self.requests.get_mut(slot);
+                if self.kv.grow(&mut r.blocks, computed + new) {
+                    break true;
+                }
+                let victim = self.running.pop().expect("the request itself is running");
+                self.preempt(victim);
+                preempted = true;
+                if victim == slot {
+                    break false;
+                }
+            };
+            if !scheduled {
+                break;
+            }
+            self.register_blocks(slot, computed + new);
+            let r = self.requests.get(slot);
+            let samples = computed + new >= r.num_tokens();
+            load.add_chunk(computed, new, samples, r.adapter.is_some());
+            self.batch.push(Scheduled {
+                at: self.requests.slot_ref(slot),
+                new_tokens: new,
+            });
+            budget -= new;
+            i += 1;
+        }
+
+        // 2. Waiting requests, first come first served.
+        while !preempted && budget > 0 && self.running.len() < self.cfg.max_num_seqs as usize {
+            let Some((lane, at)) = self.next_candidate() else {
+                break;
+            };
+            let slot = at.slot;
+            let r = self.requests.get_mut(slot);
+            let num_tokens = r.num_tokens();
+            if self.cfg.enable_prefix_caching {
+                r.hash_blocks(&mut self.hasher, block_size, num_tokens);
+            }
+            // At least the last token is computed, to produce logits.
+            let max_hit_blocks = ((num_tokens - 1) / block_size) as usize;
+            let lookup = &r.block_hashes[..max_hit_blocks.min(r.block_hashes.len())];
+            let hit_blocks = self.kv.find_cached_prefix(lookup, &mut self.hits);
+            let hit_tokens = hit_blocks as u32 * block_size;
+            let new = (num_tokens - hit_tokens).min(budget);
+            if !self
+                .kv
+                .allocate_with_prefix(&mut r.blocks, &self.hits, hit_tokens + new)
+            {
+                break;
+            }
+            r.num_computed = hit_tokens;
+            r.registered_blocks = hit_blocks as u32;
+            r.phase = Phase::Running;
+            if r.cached_tokens.is_none() {
+                r.cached_tokens = Some(hit_tokens);
+                self.counters.prefix_cache_queries += u64::from(num_tokens);
+                self.counters.prefix_cache_hits += u64::from(hit_tokens);
+            }
+            let adapter = r.adapter;
+            let requests = &self.requests;
+            self.waiting
+                .pop_head(lane, |s| requests.is(s, Phase::Waiting));
+            if let Some(a) = adapter
+                && self.lora.admit(a, this_step)
+            {
+                lora_loads += 1;
+            }
+            self.running.push(slot);
+            self.register_blocks(slot, hit_tokens + new);
+            load.add_chunk(
+                hit_tokens,
+                new,
+                hit_tokens + new >= num_tokens,
+                adapter.is_some(),
+            );
+            self.batch.push(Scheduled {
+                at,
+                new_tokens: new,
+            });
+            budget -= new;
+        }
+        load.adapters = self.lora.in_use().len() as u32;
+        (load, lora_loads, preempted)
+    }
+
+    /// The FCFS head among the requests allowed to run: when every LoRA slot
+    /// is taken by a running adapter, only the base model and those adapters.
+    fn next_candidate(&self) -> Option<(usize, SlotRef)> {
+        if !(self.lora.enabled() && self.lora.slots_full()) {
+            return self.waiting.first();
+        }
+        let lanes = std::iter::once(0).chain(self.lora.in_use().iter().map(|&a| a as usize + 1));
+        lanes
+            .filter_map(|lane| self.waiting.head(lane).map(|(seq, at)| (seq, lane, at)))
+            .min_by_key(|&(seq, _, _)| seq)
+            .map(|(_, lane, at)| (lane, at))
+    }
+
+    /// Preemption by recompute: free the request's blocks (they stay in the
+    /// prefix cache until evicted) and put it at the front of the queue.
+    fn preempt(&mut self, slot: u32) {
+        let r = self.requests.get_mut(slot);
+        self.kv.free(&mut r.blocks);
+        r.num_computed = 0;
+        r.registered_blocks = 0;
+        r.phase = Phase::Waiting;
+        let lane = r.lane();
+        if let Some(a) = r.adapter {
+            self.lora.release(a);
+        }
+        self.waiting.push_front(lane, self.requests.slot_ref(slot));
+        self.counters.preemptions += 1;
+    }
+
+    /// Offer the request's blocks that are full once `tokens` are computed to
+    /// the prefix cache (vLLM does this when it schedules them, so requests
+    /// admitted in the same step can already share them).
+    fn register_blocks(&mut self, slot: u32, tokens: u32) {
+        if !self.cfg.enable_prefix_caching {
+            return;
+        }
+        let block_size = self.cfg.block_size;
+        let r = self.requests.get_mut(slot);
+        r.hash_blocks(&mut self.hasher, block_size, tokens);
+        let full = tokens / block_size;
+        for k in r.registered_blocks..full {
+            self.kv
+                .register(r.blocks[k as usize], r.block_hashes[k as usize]);
+        }
+        r.registered_blocks = r.registered_blocks.max(full);
+    }
+
+    /// The step in flight ends at `end`: store prefill chunks, sample tokens,
+    /// finish requests.
+    fn complete_step(&mut self, end: f64, out: &mut Vec<EngineEvent>) {
+        let mut finished_any = false;
+        for k in 0..self.batch.len() {
+            let Scheduled { at, new_tokens } = self.batch[k];
+            if !self.requests.is(at, Phase::Running) {
+                continue; // aborted while the step ran
+            }
+            let r = self.requests.get_mut(at.slot);
+            r.num_computed += new_tokens;
+            if r.num_computed < r.num_tokens() {
+                continue; // a prefill chunk; the prompt is not done yet
+            }
+            r.output_len += 1;
+            self.counters.generation_tokens += 1;
+            let cached_tokens = r.cached_tokens.unwrap_or(0);
+            if r.output_len == 1 {
+                self.counters.prompt_tokens += u64::from(r.prompt_len());
+                out.push(EngineEvent::FirstToken {
+                    id: r.id,
+                    at: end,
+                    cached_tokens,
+                });
+            } else if self.token_events {
+                out.push(EngineEvent::Token { id: r.id, at: end });
+            }
+            if r.output_len < r.max_tokens {
+                continue;
+            }
+            out.push(EngineEvent::Finished {
+                id: r.id,
+                at: end,
+                prompt_tokens: r.prompt_len(),
+                completion_tokens: r.output_len,
+                cached_tokens,
+                reason: FinishReason::Length,
+            });
+            self.kv.free(&mut r.blocks);
+            let (id, adapter) = (r.id, r.adapter);
+            if let Some(a) = adapter {
+                self.lora.release(a);
+            }
+            self.by_id.remove(&id);
+            self.requests.remove(at.slot);
+            self.counters.finished += 1;
+            finished_any = true;
+        }
+        if finished_any {
+            let requests = &self.requests;
+            self.running
+                .retain(|&s| requests.get(s).phase == Phase::Running);
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Fault injection: the failure modes a gateway must survive, switchable at
+//! start (CLI flags) and at run time (`POST /admin/faults`).
+//!
+//! - `error_rate`: that fraction of inference requests gets an HTTP 500 with an
+//!   OpenAI-shaped error body, before reaching the engine;
+//! - `hang`: inference requests are accepted and never answered;
+//! - `metrics`: `/metrics` is `ok`, `dead` (503), `hang` (never answers) or
+//!   `frozen` (keeps serving the text rendered when it froze: stale values);
+//! - `slowdown`: every engine step takes this many times longer (thermal
+//!   throttling, a noisy neighbour);
+//! - crash (`POST /admin/crash`, not a state): the replica stops listening and
+//!   drops every connection.
+
+use parking_lot::Mutex;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// How `/metrics` misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsFault {
+    /// Serve live metrics.
+    #[default]
+    Ok,
+    /// Answer 503 Service Unavailable.
+    Dead,
+    /// Accept the scrape and never answer.
+    Hang,
+    /// Serve the text rendered when the fault was set, forever.
+    Frozen,
+}
+
+/// The faults in force on one replica. Serialized as the body of
+/// `GET /admin/faults`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Fraction of inference requests answered with HTTP 500, in [0, 1].
+    pub error_rate: f64,
+    /// Accept inference requests and never answer them.
+    pub hang: bool,
+    pub metrics: MetricsFault,
+    /// Engine slow-down factor: 1 is normal, 3 makes every step 3× longer.
+    pub slowdown: f64,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            error_rate: 0.0,
+            hang: false,
+            metrics: MetricsFault::Ok,
+            slowdown: 1.0,
+        }
+    }
+}
+
+impl Faults {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.error_rate) {
+            return Err(format!(
+                "error_rate must be within [0, 1], got {}",
+                self.error_rate
+            ));
+        }
+        if !(self.slowdown.is_finite() && self.slowdown > 0.0) {
+            return Err(format!(
+                "slowdown must be a positive number, got {}",
+                self.slowdown
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether any fault is active.
+    pub fn any(&self) -> bool {
+        *self != Faults::default()
+    }
+}
+
+/// A partial change of faults: absent fields keep their current value.
+/// The body of `POST /admin/faults`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultsUpdate {
+    pub error_rate: Option<f64>,
+    pub hang: Option<bool>,
+    pub metrics: Option<MetricsFault>,
+    pub slowdown: Option<f64>,
+}
+
+impl FaultsUpdate {
+    fn applied_to(&self, faults: &Faults) -> Faults {
+        Faults {
+            error_rate: self.error_rate.unwrap_or(faults.error_rate),
+            hang: self.hang.unwrap_or(faults.hang),
+            metrics: self.metrics.unwrap_or(faults.metrics),
+            slowdown: self.slowdown.unwrap_or(faults.slowdown),
+        }
+    }
+}
+
+/// The live faults of one replica, shared by its request handlers.
+#[derive(Debug)]
+pub struct FaultState {
+    current: Mutex<Faults>,
+    /// Draws for `error_rate`; seeded so a run's error pattern is repeatable.
+    rng: Mutex<SmallRng>,
+}
+
+impl FaultState {
+    pub fn new(initial: Faults, seed: u64) -> Result<Self, String> {
+        initial.validate()?;
+        Ok(Self {
+            current: Mutex::new(initial),
+            rng: Mutex::new(SmallRng::seed_from_u64(seed)),
+        })
+    }
+
+    pub fn current(&self) -> Faults {
+        self.current.lock().clone()
+    }
+
+    /// Applies `update` if the result is valid; returns the faults now in force.
+    pub fn update(&self, update: &FaultsUpdate) -> Result<Faults, String> {
+        let mut current = self.current.lock();
+        let next = update.applied_to(&current);
+        next.validate()?;
+        *current = next.clone();
+        Ok(next)
+    }
+
+    /// Draws whether this inference request fails with an injected error.
+    pub fn inject_error(&self) -> bool {
+        let rate = self.current.lock().error_rate;
+        rate > 0.0 && (rate >= 1.0 || self.rng.lock().gen_bool(rate))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn updates_are_partial_and_validated() {
+        let state = FaultState::new(Faults::default(), 1).unwrap();
+        let update: FaultsUpdate =
+            serde_json::from_str(r#"{"hang":true,"metrics":"frozen"}"#).unwrap();
+        let now = state.update(&update).unwrap();
+        assert!(now.hang);
+        assert_eq!(now.metrics, MetricsFault::Frozen);
+        assert_eq!(now.slowdown, 1.0);
+
+        let bad: FaultsUpdate = serde_json::from_str(r#"{"error_rate":1.5}"#).unwrap();
+        assert!(state.update(&bad).unwrap_err().contains("error_rate"));
+        assert_eq!(state.current(), now, "a rejected update changes nothing");
+        assert!(serde_json::from_str::<FaultsUpdate>(r#"{"slowness":2}"#).is_err());
+        assert!(serde_json::from_str::<FaultsUpdate>(r#"{"metrics":"broken"}"#).is_err());
+    }
+
+    #[test]
+    fn error_rate_is_honoured() {
+        let always = FaultState::new(
+            Faults {
+                error_rate: 1.0,
+                ..Faults::default()
+            },
+            1,
+        )
+        .unwrap();
+        assert!((0..100).all(|_| always.inject_error()));
+        let never = FaultState::new(Faults::default(), 1).unwrap();
+        assert!((0..100).all(|_| !never.inject_error()));
+        let half = FaultState::new(
+            Faults {
+                error_rate: 0.5,
+                ..Faults::default()
+            },
+            7,
+        )
+        .unwrap();
+        let failed = (0..1000).filter(|_| half.inject_error()).count();
+        assert!((400..600).contains(&failed), "failed {failed} of 1000");
+    }
+
+    #[test]
+    fn faults_serialize_as_the_admin_api_shows_them() {
+        let json = serde_json::to_value(Faults::default()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"error_rate": 0.0, "hang": false, "metrics": "ok", "slowdown": 1.0})
+        );
+        assert!(!Faults::default().any());
+        assert!(
+            Faults {
+                hang: true,
+                ..Faults::default()
+            }
+            .any()
+        );
+        assert!(
+            Faults {
+                slowdown: 0.0,
+                ..Faults::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

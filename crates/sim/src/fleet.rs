@@ -1,0 +1,416 @@
+//! Starting simulated replicas: one ([`start_replica`]) or a fleet of them on
+//! consecutive ports ([`start_fleet`]).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::engine::{Engine, EngineConfig};
+use crate::faults::{FaultState, Faults};
+use crate::http::{self, AppState, StopMode, StopSignal};
+use crate::metrics::{Dialect, Exporter, ReplicaIdentity};
+use crate::replica::EngineClient;
+
+/// How long a graceful shutdown lets open requests run before closing them.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// One simulated model server.
+#[derive(Debug, Clone)]
+pub struct ReplicaSpec {
+    /// GPU profile: `h100`, `a100`, `l4`, `a10g` (see `engine::hardware_names`).
+    pub hardware: String,
+    /// Model profile: `llama-3.1-8b`, `qwen3-32b`, `llama-3.1-70b` or an HF id.
+    pub model: String,
+    /// The name clients send as `model`; defaults to the model's HF id, as
+    /// vLLM serves under the model path it was started with.
+    pub served_model_name: Option<String>,
+    /// GPUs per replica; defaults to the model profile's usual TP.
+    pub tensor_parallel: Option<u32>,
+    /// LoRA adapters loaded at start (vLLM's `--lora-modules`).
+    pub adapters: Vec<String>,
+    /// Adapters per batch (GPU slots); vLLM's default when `None`.
+    pub max_loras: Option<u32>,
+    /// Sequences per batch; vLLM's default for the GPU when `None`.
+    pub max_num_seqs: Option<u32>,
+    /// Which engine's `/metrics` names to speak.
+    pub dialect: Dialect,
+    /// Engine seconds per wall second (10 runs the simulated GPU 10× faster
+    /// than real time). Latencies in responses' pacing shrink by this factor;
+    /// `/metrics` reports engine seconds.
+    pub time_scale: f64,
+    /// Seeds answer lengths, answer words and injected-error draws.
+    pub seed: u64,
+    /// Faults in force from the start.
+    pub faults: Faults,
+}
+
+impl Default for ReplicaSpec {
+    fn default() -> Self {
+        Self {
+            hardware: "h100".into(),
+            model: "llama-3.1-8b".into(),
+            served_model_name: None,
+            tensor_parallel: None,
+            adapters: Vec::new(),
+            max_loras: None,
+            max_num_seqs: None,
+            dialect: Dialect::Vllm,
+            time_scale: 1.0,
+            seed: 0,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl ReplicaSpec {
+    pub fn new(hardware: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            hardware: hardware.into(),
+            model: model.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The engine configuration this spec describes, or a clear error
+    /// (unknown names, a model that does not fit, bad settings).
+    pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
+        let describe = || format!("{} on {}", self.model, self.hardware);
+        let mut config = EngineConfig::new(&self.hardware, &self.model, self.tensor_parallel)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(describe)?;
+        if let Some(max_loras) = self.max_loras {
+            config.max_loras = max_loras;
+        }
+        if let Some(max_num_seqs) = self.max_num_seqs {
+            config.max_num_seqs = max_num_seqs;
+            config.max_num_batched_tokens = config.max_num_batched_tokens.max(max_num_seqs);
+        }
+        config.slowdown = self.faults.slowdown;
+        config
+            .validate()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(describe)?;
+        if !self.adapters.is_empty() && config.max_loras == 0 {
+            bail!(
+                "{}: adapters {:?} need max_loras > 0",
+                describe(),
+                self.adapters
+            );
+        }
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            bail!(
+                "time_scale must be a positive number, got {}",
+                self.time_scale
+            );
+        }
+        self.faults.validate().map_err(anyhow::Error::msg)?;
+        Ok(config)
+    }
+}
+
+/// What a started replica is (for logs and the CLI's table).
+#[derive(Debug, Clone)]
+pub struct ReplicaInfo {
+    pub addr: SocketAddr,
+    /// GPU profile name (`h100`).
+    pub hardware: String,
+    /// Model profile name (`llama-3.1-8b`).
+    pub model: String,
+    /// The `model` clients send.
+    pub served_model: String,
+    pub tensor_parallel: u32,
+    pub num_gpu_blocks: u64,
+    pub block_size: u32,
+    pub max_model_len: u32,
+    pub max_num_seqs: u32,
+    pub max_loras: u32,
+    pub dialect: Dialect,
+    pub time_scale: f64,
+}
+
+/// A running replica. Dropping the handle stops the replica abruptly; use
+/// [`shutdown`](Self::shutdown) for a graceful stop.
+pub struct ReplicaHandle {
+    info: ReplicaInfo,
+    stop: Arc<StopSignal>,
+    stopped: watch::Receiver<bool>,
+}
+
+impl ReplicaHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.info.addr
+    }
+
+    pub fn info(&self) -> &ReplicaInfo {
+        &self.info
+    }
+
+    /// Stops accepting, lets open requests finish (up to [`SHUTDOWN_DRAIN`]),
+    /// then closes every connection.
+    pub async fn shutdown(self) {
+        self.stop.request(StopMode::Graceful);
+        self.stopped().await;
+    }
+
+    /// Stops listening and drops every connection at once, as a crashed
+    /// server would. Returns when the port is closed.
+    pub async fn crash(&self) {
+        self.stop.request(StopMode::Crash);
+        self.stopped().await;
+    }
+
+    /// Resolves once the replica has stopped (shut down, crashed through
+    /// [`crash`](Self::crash) or `POST /admin/crash`).
+    pub async fn stopped(&self) {
+        let mut stopped = self.stopped.clone();
+        // An error means the server task is gone, which is stopped too.
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+}
+
+impl Drop for ReplicaHandle {
+    fn drop(&mut self) {
+        self.stop.request(StopMode::Crash);
+    }
+}
+
+impl std::fmt::Debug for ReplicaHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReplicaHandle")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Starts one replica listening on `addr` (port 0 picks a free port).
+pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Result<ReplicaHandle> {
+    let config = spec.engine_config()?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let addr = listener.local_addr()?;
+
+    let served_model = spec
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| config.model.hf_id.to_owned());
+    let info = ReplicaInfo {
+        addr,
+        hardware: config.hardware.name.to_owned(),
+        model: config.model.name.to_owned(),
+        served_model: served_model.clone(),
+        tensor_parallel: config.tensor_parallel,
+        num_gpu_blocks: config.num_gpu_blocks(),
+        block_size: config.block_size,
+        max_model_len: config.max_model_len,
+        max_num_seqs: config.max_num_seqs,
+        max_loras: config.max_loras,
+        dialect: spec.dialect,
+        time_scale: spec.time_scale,
+    };
+    let identity = ReplicaIdentity {
+        model_name: served_model.clone(),
+        max_model_len: config.max_model_len,
+        gpu_memory_utilization: config.gpu_memory_utilization,
+        enable_prefix_caching: config.enable_prefix_caching,
+        started_unix: unix_seconds(),
+    };
+    let lora_enabled = config.max_loras > 0;
+    let model_root = config.model.hf_id;
+    let max_model_len = config.max_model_len;
+    let (engine, actor) = EngineClient::spawn(
+        Engine::new(config),
+        spec.time_scale,
+        spec.dialect.latency_buckets(),
+    );
+
+    let stop = Arc::new(StopSignal::new());
+    let state = Arc::new(AppState {
+        served_model,
+        model_root: model_root.to_owned(),
+        max_model_len,
+        lora_enabled,
+        seed: spec.seed,
+        engine,
+        adapters: Mutex::new(Vec::new()),
+        faults: FaultState::new(spec.faults.clone(), spec.seed).map_err(anyhow::Error::msg)?,
+        exporter: Mutex::new(Exporter::new(spec.dialect, identity)),
+        last_metrics: Mutex::new(None),
+        stop: stop.clone(),
+    });
+    for name in &spec.adapters {
+        state
+            .load_adapter(name, &format!("/adapters/{name}"))
+            .map_err(|e| anyhow::anyhow!("adapter {name}: {}", e.message))?;
+    }
+
+    let (stopped_tx, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        http::serve(listener, state, SHUTDOWN_DRAIN).await;
+        actor.abort();
+        let _ = stopped_tx.send(true);
+    });
+    tracing::info!(
+        %addr, hardware = %info.hardware, model = %info.model, blocks = info.num_gpu_blocks,
+        "replica started"
+    );
+    Ok(ReplicaHandle {
+        info,
+        stop,
+        stopped,
+    })
+}
+
+/// A fleet of replicas of one model on (possibly) different GPUs.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    pub replicas: usize,
+    /// GPU of each replica, cycled: `[h100, a10g]` gives h100, a10g, h100, ...
+    pub hardware: Vec<String>,
+    pub model: String,
+    pub served_model_name: Option<String>,
+    pub tensor_parallel: Option<u32>,
+    /// Adapters every replica loads at start.
+    pub adapters: Vec<String>,
+    pub max_loras: Option<u32>,
+    pub max_num_seqs: Option<u32>,
+    pub time_scale: f64,
+    pub dialect: Dialect,
+    /// The same seed on every replica, so a prompt gets the same answer
+    /// wherever it is routed.
+    pub seed: u64,
+    pub host: IpAddr,
+    /// Replica `i` listens on `base_port + i`; `None` lets the OS pick.
+    pub base_port: Option<u16>,
+    pub faults: Faults,
+}
+
+impl Default for FleetSpec {
+    fn default() -> Self {
+        Self {
+            replicas: 1,
+            hardware: vec!["h100".into()],
+            model: "llama-3.1-8b".into(),
+            served_model_name: None,
+            tensor_parallel: None,
+            adapters: Vec::new(),
+            max_loras: None,
+            max_num_seqs: None,
+            time_scale: 1.0,
+            dialect: Dialect::Vllm,
+            seed: 0,
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            base_port: None,
+            faults: Faults::default(),
+        }
+    }
+}
+
+impl FleetSpec {
+    /// The spec of replica `index`.
+    ///
+    /// # Panics
+    /// If `hardware` is empty.
+    pub fn replica(&self, index: usize) -> ReplicaSpec {
+        ReplicaSpec {
+            hardware: self.hardware[index % self.hardware.len()].clone(),
+            model: self.model.clone(),
+            served_model_name: self.served_model_name.clone(),
+            tensor_parallel: self.tensor_parallel,
+            adapters: self.adapters.clone(),
+            max_loras: self.max_loras,
+            max_num_seqs: self.max_num_seqs,
+            dialect: self.dialect,
+            time_scale: self.time_scale,
+            seed: self.seed,
+            faults: self.faults.clone(),
+        }
+    }
+
+    fn addr(&self, index: usize) -> anyhow::Result<SocketAddr> {
+        let port = match self.base_port {
+            None => 0,
+            Some(base) => u16::try_from(usize::from(base) + index)
+                .ok()
+                .with_context(|| format!("port {base} + {index} is out of range"))?,
+        };
+        Ok(SocketAddr::new(self.host, port))
+    }
+}
+
+/// Running replicas, in spec order.
+#[derive(Debug)]
+pub struct Fleet {
+    replicas: Vec<ReplicaHandle>,
+}
+
+impl Fleet {
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.replicas
+            .iter()
+            .map(ReplicaHandle::local_addr)
+            .collect()
+    }
+
+    pub fn replicas(&self) -> &[ReplicaHandle] {
+        &self.replicas
+    }
+
+    /// Gracefully stops every replica (all at once, so the drain periods
+    /// overlap).
+    pub async fn shutdown(self) {
+        for replica in &self.replicas {
+            replica.stop.request(StopMode::Graceful);
+        }
+        for replica in &self.replicas {
+            replica.stopped().await;
+        }
+    }
+}
+
+/// Starts every replica of `spec`. Every profile is checked before any port
+/// is opened; if a replica fails to start, the ones started are stopped.
+pub async fn start_fleet(spec: FleetSpec) -> anyhow::Result<Fleet> {
+    if spec.replicas == 0 {
+        bail!("a fleet needs at least one replica");
+    }
+    if spec.hardware.is_empty() {
+        bail!("a fleet needs at least one hardware profile");
+    }
+    for index in 0..spec.replicas.min(spec.hardware.len()) {
+        spec.replica(index)
+            .engine_config()
+            .with_context(|| format!("replica {index}"))?;
+    }
+    let mut replicas = Vec::with_capacity(spec.replicas);
+    for index in 0..spec.replicas {
+        let started = match spec.addr(index) {
+            Ok(addr) => start_replica(addr, spec.replica(index)).await,
+            Err(error) => Err(error),
+        };
+        match started {
+            Ok(replica) => replicas.push(replica),
+            Err(error) => {
+                Fleet { replicas }.shutdown().await;
+                return Err(error.context(format!("replica {index}")));
+            }
+        }
+    }
+    Ok(Fleet { replicas })
+}
+
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

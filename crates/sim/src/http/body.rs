@@ -1,0 +1,127 @@
+//! Response bodies and the small response builders every route uses.
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use serde::Serialize;
+
+/// The body type of every response: a full buffer or a token stream.
+pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+pub fn boxed<B>(body: B) -> ResponseBody
+where
+    B: http_body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+{
+    body.boxed_unsync()
+}
+
+pub fn empty(status: StatusCode) -> Response<ResponseBody> {
+    with_status(status, boxed(Empty::new()))
+}
+
+pub fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<ResponseBody> {
+    let mut response = with_status(status, boxed(Full::new(body.into())));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+pub fn json(status: StatusCode, value: &impl Serialize) -> Response<ResponseBody> {
+    let bytes = serde_json::to_vec(value).expect("response types serialize");
+    text(status, "application/json", bytes)
+}
+
+fn with_status(status: StatusCode, body: ResponseBody) -> Response<ResponseBody> {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response
+}
+
+/// An OpenAI-shaped error as vLLM writes it:
+/// `{"error": {"message", "type", "param", "code"}}` with the HTTP status as
+/// `code`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequestError", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "NotFoundError", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            message,
+        )
+    }
+
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+        }
+    }
+
+    pub fn with_param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+
+    /// The JSON value of the error body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        })
+    }
+
+    pub fn into_response(self) -> Response<ResponseBody> {
+        json(self.status, &self.body())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_have_the_openai_shape() {
+        let error = ApiError::not_found("The model `x` does not exist.").with_param("model");
+        assert_eq!(
+            error.body(),
+            serde_json::json!({"error": {
+                "message": "The model `x` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404
+            }})
+        );
+        let response = ApiError::internal("boom").into_response();
+        assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    }
+}
