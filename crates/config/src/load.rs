@@ -55,15 +55,14 @@ pub fn load_file(path: &Path) -> Result<InferenceGatewayConfig, ConfigError> {
 /// fits is checked as a whole and every problem is reported.
 pub fn from_yaml(text: &str) -> Result<InferenceGatewayConfig, ConfigError> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
-    let config: InferenceGatewayConfig =
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let path = if path == "." { String::new() } else { path };
-            ConfigError::Invalid(vec![Problem {
-                path,
-                message: without_path_prefix(&e.into_inner().to_string()).to_owned(),
-            }])
-        })?;
+    let config: InferenceGatewayConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        ConfigError::Invalid(vec![Problem {
+            path,
+            message: without_path_prefix(&e.into_inner().to_string()).to_owned(),
+        }])
+    })?;
     validated(config)
 }
 

@@ -54,10 +54,18 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
         } else if let Some(first) = listener_names.insert(&l.name, i) {
             p.add(
                 format!("{path}.name"),
-                format!("{:?} is already the name of spec.listeners[{first}]", l.name),
+                format!(
+                    "{:?} is already the name of spec.listeners[{first}]",
+                    l.name
+                ),
             );
         }
-        check_bind_address(&mut p, &mut addresses, &format!("{path}.address"), &l.address);
+        check_bind_address(
+            &mut p,
+            &mut addresses,
+            &format!("{path}.address"),
+            &l.address,
+        );
     }
     if let Some(admin) = &spec.admin {
         check_bind_address(&mut p, &mut addresses, "spec.admin.address", &admin.address);
@@ -110,7 +118,9 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
             } else if let Some(first) = served.get(name.as_str()) {
                 p.add(
                     name_path,
-                    format!("{name:?} is already served by {first}; a model name routes to one pool"),
+                    format!(
+                        "{name:?} is already served by {first}; a model name routes to one pool"
+                    ),
                 );
             } else {
                 served.insert(name, name_path);
@@ -145,10 +155,7 @@ fn check_bind_address(
 
 fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
     match (&pool.simulated, pool.endpoints.is_empty()) {
-        (Some(_), false) => p.add(
-            path,
-            "give either endpoints or simulated, not both",
-        ),
+        (Some(_), false) => p.add(path, "give either endpoints or simulated, not both"),
         (None, true) => p.add(
             format!("{path}.endpoints"),
             "at least one endpoint is required (or use simulated)",
@@ -161,7 +168,10 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
         if !is_host_port(e) {
             p.add(ep, format!("{e:?} is not host:port"));
         } else if let Some(first) = seen.insert(e, j) {
-            p.add(ep, format!("{e:?} is listed twice (also endpoints[{first}])"));
+            p.add(
+                ep,
+                format!("{e:?} is listed twice (also endpoints[{first}])"),
+            );
         }
     }
     if let Some(sim) = &pool.simulated {
@@ -170,12 +180,20 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
             p.add(format!("{sp}.replicas"), "must be at least 1");
         }
         if sim.hardware.is_empty() {
-            p.add(format!("{sp}.hardware"), "at least one hardware profile is required");
+            p.add(
+                format!("{sp}.hardware"),
+                "at least one hardware profile is required",
+            );
         }
-        if let Some(scale) = sim.time_scale {
-            if !(scale.is_finite() && scale > 0.0) {
+        if let Some(scale) = sim.time_scale
+            && !(scale.is_finite() && scale > 0.0) {
                 p.add(format!("{sp}.timeScale"), "must be a positive number");
             }
+        if pool.models.len() > 1 {
+            p.add(
+                format!("{path}.models"),
+                "simulated replicas serve one model name; list only one",
+            );
         }
         if pool.engine != Engine::Vllm {
             p.add(
@@ -195,14 +213,13 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
             "scored needs engine metrics; with engine: none use least-request, round-robin or random",
         );
     }
-    if let Some(preset) = &s.preset {
-        if !PRESETS.contains(&preset.as_str()) {
+    if let Some(preset) = &s.preset
+        && !PRESETS.contains(&preset.as_str()) {
             p.add(
                 format!("{sp}.preset"),
                 format!("{preset:?} is not one of {}", PRESETS.join(", ")),
             );
         }
-    }
     if let Some(w) = &s.weights {
         for (field, value) in [
             ("queue", w.queue),
@@ -211,22 +228,20 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
             ("prefix", w.prefix),
             ("lora", w.lora),
         ] {
-            if let Some(v) = value {
-                if !(v.is_finite() && v >= 0.0) {
+            if let Some(v) = value
+                && !(v.is_finite() && v >= 0.0) {
                     p.add(format!("{sp}.weights.{field}"), "must be a number >= 0");
                 }
-            }
         }
     }
     if let Some(sat) = &s.saturation {
         if sat.queue_depth == Some(0) {
             p.add(format!("{sp}.saturation.queueDepth"), "must be at least 1");
         }
-        if let Some(kv) = sat.kv_cache {
-            if !(kv > 0.0 && kv <= 1.0) {
+        if let Some(kv) = sat.kv_cache
+            && !(kv > 0.0 && kv <= 1.0) {
                 p.add(format!("{sp}.saturation.kvCache"), "must be in (0, 1]");
             }
-        }
     }
     let m = &s.metrics;
     if m.interval == Some(Duration::ZERO) {
@@ -235,8 +250,8 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
     if m.timeout == Some(Duration::ZERO) {
         p.add(format!("{sp}.metrics.timeout"), "must be greater than 0");
     }
-    if let Some(stale) = m.stale_after {
-        if stale <= m.interval() {
+    if let Some(stale) = m.stale_after
+        && stale <= m.interval() {
             p.add(
                 format!("{sp}.metrics.staleAfter"),
                 format!(
@@ -246,7 +261,6 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
                 ),
             );
         }
-    }
 }
 
 /// `host:port` with a non-empty host and a numeric port; IPv6 hosts in

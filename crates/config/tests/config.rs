@@ -59,7 +59,10 @@ fn unknown_field_is_an_error_with_its_path() {
     let yaml = minimal("    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"], weight: 3}\n");
     let p = problems(&yaml);
     assert_eq!(p.len(), 1);
-    assert!(p[0].starts_with("spec.pools[0].weight: unknown field `weight`, expected one of"), "{p:?}");
+    assert!(
+        p[0].starts_with("spec.pools[0].weight: unknown field `weight`, expected one of"),
+        "{p:?}"
+    );
     assert!(p[0].ends_with("at line 7 column 58"), "{p:?}");
 }
 
@@ -83,7 +86,10 @@ fn every_semantic_problem_is_reported() {
         "spec.pools[2].scheduling.policy: scored needs engine metrics",
     ];
     for e in expect {
-        assert!(p.iter().any(|line| line.starts_with(e)), "missing {e:?} in {p:#?}");
+        assert!(
+            p.iter().any(|line| line.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
 }
@@ -100,9 +106,14 @@ fn wrong_kind_and_version_are_refused() {
 
 #[test]
 fn type_errors_name_the_field() {
-    let yaml = minimal("    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"], scheduling: {metrics: {interval: soon}}}\n");
+    let yaml = minimal(
+        "    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"], scheduling: {metrics: {interval: soon}}}\n",
+    );
     let p = problems(&yaml);
-    assert!(p[0].starts_with("spec.pools[0].scheduling.metrics.interval:"), "{p:?}");
+    assert!(
+        p[0].starts_with("spec.pools[0].scheduling.metrics.interval:"),
+        "{p:?}"
+    );
 }
 
 #[test]

@@ -73,8 +73,10 @@ fn debug_pools(state: &State) -> Response<ResponseBody> {
         })
         .collect();
     let mut r = Response::new(body::full(Bytes::from(json!({"pools": pools}).to_string())));
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 

@@ -103,14 +103,14 @@ impl ApiError {
         }
     }
 
-    pub fn no_replicas(pool: &str) -> Self {
+    pub fn no_replicas(pool: &str, why: &str) -> Self {
         Self {
             code: Some("no_replicas"),
             retry_after: Some(Duration::from_secs(1)),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service_unavailable",
-                format!("No replica of pool `{pool}` is reachable."),
+                format!("Pool `{pool}` cannot serve the request: {why}."),
             )
         }
     }

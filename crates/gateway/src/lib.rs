@@ -53,14 +53,14 @@ impl Gateway {
             let addrs = match &pool_spec.simulated {
                 Some(sim) => {
                     let fleet = simulated::start(pool_spec, sim).await?;
-                    let addrs = fleet.addrs();
+                    let addrs = simulated::addrs(&fleet);
                     fleets.push(fleet);
                     addrs
                 }
                 None => pool_spec.endpoints.clone(),
             };
             let mut pool = PoolRuntime::new(pool_spec, &addrs, &spec.timeouts);
-            pool.start_watching();
+            pool.start_watching(spec.timeouts.connect());
             pools.push(pool);
         }
         let state = Arc::new(State::new(spec, pools));
@@ -73,7 +73,12 @@ impl Gateway {
             let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
             let handler = move |req| pipeline::handle(Arc::clone(&st), req);
-            accept_loops.push(server::serve(listener, handler, stop_rx.clone(), Arc::clone(&graceful)));
+            accept_loops.push(server::serve(
+                listener,
+                handler,
+                stop_rx.clone(),
+                Arc::clone(&graceful),
+            ));
             tracing::info!(listener = %l.name, %addr, "listening");
             listeners.push((l.name.clone(), addr));
         }
@@ -82,7 +87,12 @@ impl Gateway {
                 let (listener, addr) = server::bind(&a.address).await?;
                 let st = Arc::clone(&state);
                 let handler = move |req| admin::handle(Arc::clone(&st), req);
-                accept_loops.push(server::serve(listener, handler, stop_rx.clone(), Arc::clone(&graceful)));
+                accept_loops.push(server::serve(
+                    listener,
+                    handler,
+                    stop_rx.clone(),
+                    Arc::clone(&graceful),
+                ));
                 tracing::info!(%addr, "admin listening");
                 Some(addr)
             }
@@ -121,7 +131,12 @@ impl Gateway {
             .pools
             .iter()
             .map(|p| {
-                let addrs = p.picker.endpoints().iter().map(|e| e.addr.clone()).collect();
+                let addrs = p
+                    .picker
+                    .endpoints()
+                    .iter()
+                    .map(|e| e.addr.clone())
+                    .collect();
                 (p.name.clone(), addrs)
             })
             .collect()

@@ -32,6 +32,8 @@ use crate::upstream::{self, REQUEST_ID};
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
 const X_SCORES: &str = "x-infergate-scores";
+/// Candidates listed in `x-infergate-scores`, best first.
+const SCORES_HEADER_LIMIT: usize = 8;
 
 /// Entry point for every request on a public listener.
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ResponseBody> {
@@ -100,11 +102,9 @@ async fn infer(
     // 6. admit: flow control is a later stage; saturation refuses in pick.
 
     // 7. pick and 8. forward, retrying other replicas before any byte.
-    let prefix_hashes = pool.picker.prompt_hashes(
-        &request.model,
-        route.adapter.as_deref(),
-        &request.body,
-    );
+    let prefix_hashes =
+        pool.picker
+            .hash_prompt(&request.model, route.adapter.as_deref(), &request.body);
     let mut tried: Vec<usize> = Vec::new();
     loop {
         let pick = picker::PickRequest {
@@ -114,27 +114,41 @@ async fn infer(
             explain: state.debug.decision_headers,
         };
         let now = Instant::now();
-        let decision = match pool.picker.pick(&pick, now.into_std(), &tried, &mut rand::thread_rng()) {
-            Ok(d) => d,
-            Err(picker::PickError::Saturated) => {
-                return refuse(record, ApiError::saturated(&pool.name, pool.retry_after(now.into_std())));
-            }
-            Err(picker::PickError::NoReplicas) => {
-                return refuse(record, ApiError::no_replicas(&pool.name));
-            }
-        };
+        let decision =
+            match pool
+                .picker
+                .pick(&pick, now.into_std(), &tried, &mut rand::thread_rng())
+            {
+                Ok(d) => d,
+                Err(picker::PickError::Saturated { retry_after, .. }) => {
+                    return refuse(record, ApiError::saturated(&pool.name, retry_after));
+                }
+                Err(
+                    e @ (picker::PickError::NoReplicas
+                    | picker::PickError::NoHealthyReplicas { .. }),
+                ) => {
+                    return refuse(record, ApiError::no_replicas(&pool.name, &e.to_string()));
+                }
+            };
         let endpoint = Arc::clone(&decision.endpoint);
-        let load = endpoint.acquire(request.estimated_tokens);
+        let load = decision.acquire();
         pool.picker.record(endpoint.index, &prefix_hashes);
         record.endpoint = Some(endpoint.addr.clone());
-        record.decision = decision.summary();
+        record.decision = decision.top.map(|t| match t.runner_up {
+            Some(r) => format!("{:.3} vs {r:.3}", t.winner),
+            None => format!("{:.3} alone", t.winner),
+        });
         if decision.fallback {
             tracing::warn!(pool = %pool.name, endpoint = %endpoint.addr,
                 "no replica has fresh metrics; picked by least-request");
         }
 
         let upstream_req = upstream::request(&parts, &endpoint.addr, body.clone(), request_id);
-        let sent = tokio::time::timeout(state.timeouts.first_byte(), pool.client.request(upstream_req)).await;
+        let sent = tokio::time::timeout(
+            state.timeouts.first_byte(),
+            pool.client.request(upstream_req),
+        )
+        .await;
         match sent {
             Ok(Ok(resp)) => {
                 let (mut head, incoming) = resp.into_parts();
@@ -150,14 +164,17 @@ async fn infer(
             Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
             Ok(Err(e)) => {
                 // Nothing reached the client yet, so another replica may try.
+                // The load guard is released at the end of this arm.
                 if e.is_connect() {
                     endpoint.set_reachable(false);
                 }
                 tracing::debug!(pool = %pool.name, endpoint = %endpoint.addr, error = %e, "replica failed before answering");
                 tried.push(endpoint.index);
-                drop(load);
                 if tried.len() > pool.spec.retry.max_retries() as usize {
-                    return refuse(record, ApiError::upstream_failed(&pool.name, &e.to_string()));
+                    return refuse(
+                        record,
+                        ApiError::upstream_failed(&pool.name, &e.to_string()),
+                    );
                 }
                 record.retries += 1;
             }
@@ -185,8 +202,12 @@ async fn read_body(
     }
     match Limited::new(body, limit as usize).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::body_too_large(limit)),
-        Err(e) => Err(ApiError::invalid_request(format!("Could not read the request body: {e}"))),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ApiError::body_too_large(limit))
+        }
+        Err(e) => Err(ApiError::invalid_request(format!(
+            "Could not read the request body: {e}"
+        ))),
     }
 }
 
@@ -209,14 +230,16 @@ fn decision_headers(
     let pairs = [
         (X_POOL, pool.name.clone()),
         (X_ENDPOINT, endpoint.to_owned()),
-        (X_SCORES, decision.scores_header()),
+        (
+            X_SCORES,
+            decision.scores_header(SCORES_HEADER_LIMIT).to_string(),
+        ),
     ];
     for (name, value) in pairs {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            if !value.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&value)
+            && !value.is_empty() {
                 headers.insert(name, v);
             }
-        }
     }
 }
 
@@ -236,7 +259,10 @@ fn readiness(state: &State) -> Response<ResponseBody> {
     if state.pools.iter().any(|p| p.is_ready(now)) {
         text(StatusCode::OK, "ready")
     } else {
-        text(StatusCode::SERVICE_UNAVAILABLE, "no pool has a usable replica")
+        text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no pool has a usable replica",
+        )
     }
 }
 
@@ -250,7 +276,9 @@ fn text(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
 
 fn json(bytes: Bytes) -> Response<ResponseBody> {
     let mut r = Response::new(body::full(bytes));
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }

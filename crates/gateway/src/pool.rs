@@ -2,11 +2,9 @@
 //! that keep their signals fresh, and the client that reaches them.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use parking_lot::Mutex;
 use picker::Endpoint;
-use tokio::task::JoinHandle;
 
 use crate::upstream::{self, UpstreamClient};
 
@@ -15,8 +13,8 @@ pub struct PoolRuntime {
     pub spec: config::Pool,
     pub picker: picker::Pool,
     pub client: UpstreamClient,
-    drain: Mutex<DrainMeter>,
-    watchers: Vec<JoinHandle<()>>,
+    /// One per replica; each stops its task when dropped.
+    scrapers: Vec<signals::Scraper>,
 }
 
 impl PoolRuntime {
@@ -30,17 +28,16 @@ impl PoolRuntime {
             .collect();
         Self {
             name: spec.name.clone(),
-            picker: picker::Pool::new(endpoints, picker_config(spec)),
+            picker: picker::Pool::new(picker_config(spec), endpoints),
             client: upstream::client(spec.protocol, timeouts.connect()),
-            drain: Mutex::new(DrainMeter::default()),
-            watchers: Vec::new(),
+            scrapers: Vec::new(),
             spec: spec.clone(),
         }
     }
 
     /// Start one scraper (or reachability probe) per replica. Needs a
     /// Tokio runtime.
-    pub fn start_watching(&mut self) {
+    pub fn start_watching(&mut self, connect_timeout: std::time::Duration) {
         let metrics = &self.spec.scheduling.metrics;
         let cfg = signals::ScrapeConfig {
             dialect: self
@@ -52,75 +49,27 @@ impl PoolRuntime {
             interval: metrics.interval(),
             timeout: metrics.timeout(),
         };
-        let client = signals::ScrapeClient::new();
-        self.watchers = self
+        // Below the scrape timeout, so a replica that never answers the
+        // handshake shows as unreachable rather than slow.
+        let client = signals::ScrapeClient::new(cfg.timeout.min(connect_timeout));
+        self.scrapers = self
             .picker
             .endpoints()
             .iter()
-            .map(|e| signals::spawn_scraper(Arc::clone(e), cfg.clone(), client.clone(), |_| {}))
+            .map(|e| signals::spawn_scraper(Arc::clone(e), cfg, client.clone(), |_| {}))
             .collect();
     }
 
-    /// Ready when at least one replica can take a request now.
+    /// Ready when at least one replica is reachable and, if the pool
+    /// scores on metrics, reports them.
     pub fn is_ready(&self, now: Instant) -> bool {
-        self.picker.has_usable(now)
-    }
-
-    /// How long a refused client should wait: the pool's queued work over
-    /// the rate at which this gateway has seen requests complete.
-    pub fn retry_after(&self, now: Instant) -> Duration {
-        let endpoints = self.picker.endpoints();
-        let completed: u64 = endpoints.iter().map(|e| e.load.completed()).sum();
-        let waiting: u64 = endpoints
-            .iter()
-            .map(|e| {
-                e.observation
-                    .load()
-                    .state
-                    .as_ref()
-                    .and_then(|s| s.waiting)
-                    .unwrap_or(0)
-                    + e.load.requests()
-            })
-            .sum();
-        let rate = self.drain.lock().observe(now, completed);
-        picker::estimate_retry_after(waiting, rate)
-    }
-}
-
-impl Drop for PoolRuntime {
-    fn drop(&mut self) {
-        for w in &self.watchers {
-            w.abort();
-        }
-    }
-}
-
-/// Completions per second, smoothed; sampled only when a refusal needs it.
-#[derive(Debug, Default)]
-struct DrainMeter {
-    last: Option<(Instant, u64)>,
-    rate: f64,
-}
-
-impl DrainMeter {
-    const MIN_SAMPLE: Duration = Duration::from_millis(100);
-
-    fn observe(&mut self, now: Instant, completed: u64) -> f64 {
-        match self.last {
-            None => self.last = Some((now, completed)),
-            Some((at, before)) => {
-                let dt = now.duration_since(at);
-                if dt >= Self::MIN_SAMPLE {
-                    let sample = (completed - before) as f64 / dt.as_secs_f64();
-                    // Weigh the newest sample more the longer it covers.
-                    let w = (dt.as_secs_f64() / 5.0).min(1.0).max(0.2);
-                    self.rate = self.rate * (1.0 - w) + sample * w;
-                    self.last = Some((now, completed));
-                }
-            }
-        }
-        self.rate
+        let config = self.picker.config();
+        self.picker.endpoints().iter().any(|e| {
+            e.is_reachable()
+                && (!config.policy.uses_signals()
+                    || picker::health(&e.observation.load(), now, config.stale_after)
+                        == picker::Health::Healthy)
+        })
     }
 }
 

@@ -23,8 +23,9 @@ pub struct InferenceRequest {
 
 impl InferenceRequest {
     pub fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let body: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::invalid_request(format!("The request body is not valid JSON: {e}")))?;
+        let body: Value = serde_json::from_slice(body).map_err(|e| {
+            ApiError::invalid_request(format!("The request body is not valid JSON: {e}"))
+        })?;
         let Value::Object(fields) = &body else {
             return Err(ApiError::invalid_request(
                 "The request body must be a JSON object.",
@@ -90,7 +91,12 @@ mod tests {
 
     #[test]
     fn errors_are_400_with_param_model() {
-        for body in [&br#"{"model":3}"#[..], br#"{"prompt":"x"}"#, b"{oops", b"[1]"] {
+        for body in [
+            &br#"{"model":3}"#[..],
+            br#"{"prompt":"x"}"#,
+            b"{oops",
+            b"[1]",
+        ] {
             let e = InferenceRequest::parse(body).unwrap_err();
             assert_eq!(e.status, 400, "{}", String::from_utf8_lossy(body));
         }

@@ -29,7 +29,13 @@ impl ModelTable {
         let mut data = Vec::new();
         for (i, pool) in pools.iter().enumerate() {
             for model in &pool.models {
-                routes.insert(model.clone(), Route { pool: i, adapter: None });
+                routes.insert(
+                    model.clone(),
+                    Route {
+                        pool: i,
+                        adapter: None,
+                    },
+                );
                 data.push(json!({
                     "id": model, "object": "model", "created": 0,
                     "owned_by": "infergate", "root": model, "parent": null,
@@ -38,7 +44,10 @@ impl ModelTable {
             for adapter in &pool.adapters {
                 routes.insert(
                     adapter.clone(),
-                    Route { pool: i, adapter: Some(adapter.clone()) },
+                    Route {
+                        pool: i,
+                        adapter: Some(adapter.clone()),
+                    },
                 );
                 data.push(json!({
                     "id": adapter, "object": "model", "created": 0,
@@ -47,7 +56,10 @@ impl ModelTable {
             }
         }
         let models_json = Bytes::from(json!({"object": "list", "data": data}).to_string());
-        Self { routes, models_json }
+        Self {
+            routes,
+            models_json,
+        }
     }
 
     pub fn resolve(&self, model: &str) -> Result<&Route, ApiError> {

@@ -97,7 +97,10 @@ mod tests {
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_dropped() {
         let mut from = HeaderMap::new();
-        from.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        from.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         from.insert("x-secret", HeaderValue::from_static("1"));
         from.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         from.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));

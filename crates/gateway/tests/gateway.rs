@@ -14,7 +14,13 @@ use support::{Behaviour, FakeReplica, client, config};
 
 const CHAT: &str = "/v1/chat/completions";
 
-fn pool(name: &str, models: &str, adapters: &str, replicas: &[&FakeReplica], policy: &str) -> String {
+fn pool(
+    name: &str,
+    models: &str,
+    adapters: &str,
+    replicas: &[&FakeReplica],
+    policy: &str,
+) -> String {
     let endpoints: Vec<String> = replicas.iter().map(|r| format!("\"{}\"", r.addr)).collect();
     format!(
         "    - {{name: {name}, engine: none, models: [{models}], adapters: [{adapters}], endpoints: [{}], scheduling: {{policy: {policy}}}}}\n",
@@ -33,14 +39,22 @@ async fn post(gw: &Gateway, path: &str, body: impl Into<reqwest::Body>) -> reqwe
 }
 
 async fn chat(gw: &Gateway, model: &str) -> reqwest::Response {
-    post(gw, CHAT, json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string()).await
+    post(
+        gw,
+        CHAT,
+        json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+    )
+    .await
 }
 
 async fn error_of(resp: reqwest::Response) -> (u16, Value) {
     let status = resp.status().as_u16();
     let body: Value = resp.json().await.unwrap();
     for field in ["message", "type", "param", "code"] {
-        assert!(body["error"].get(field).is_some(), "no error.{field} in {body}");
+        assert!(
+            body["error"].get(field).is_some(),
+            "no error.{field} in {body}"
+        );
     }
     (status, body)
 }
@@ -71,7 +85,16 @@ async fn routes_by_model_and_adapter_across_pools() {
 #[tokio::test]
 async fn lists_models_and_adapters() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
-    let cfg = config("", &pool("llama", "llama-8b, llama-8b-instruct", "sql-lora, chat-lora", &[&a], "random"));
+    let cfg = config(
+        "",
+        &pool(
+            "llama",
+            "llama-8b, llama-8b-instruct",
+            "sql-lora, chat-lora",
+            &[&a],
+            "random",
+        ),
+    );
     let gw = Gateway::start(&cfg).await.unwrap();
     let body: Value = client()
         .get(format!("http://{}/v1/models", gw.addr()))
@@ -84,7 +107,10 @@ async fn lists_models_and_adapters() {
     assert_eq!(body["object"], "list");
     let data = body["data"].as_array().unwrap();
     let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids, ["llama-8b", "llama-8b-instruct", "sql-lora", "chat-lora"]);
+    assert_eq!(
+        ids,
+        ["llama-8b", "llama-8b-instruct", "sql-lora", "chat-lora"]
+    );
     assert!(data[0]["parent"].is_null());
     assert_eq!(data[2]["parent"], "llama-8b");
     assert_eq!(data[3]["object"], "model");
@@ -93,7 +119,10 @@ async fn lists_models_and_adapters() {
 #[tokio::test]
 async fn bad_requests_get_openai_errors() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
-    let cfg = config("  limits: {maxBodyBytes: 1000}\n", &pool("p", "m", "", &[&a], "round-robin"));
+    let cfg = config(
+        "  limits: {maxBodyBytes: 1000}\n",
+        &pool("p", "m", "", &[&a], "round-robin"),
+    );
     let gw = Gateway::start(&cfg).await.unwrap();
 
     let (status, body) = error_of(chat(&gw, "no-such-model").await).await;
@@ -117,17 +146,33 @@ async fn bad_requests_get_openai_errors() {
     assert_eq!(status, 413);
     // Without a Content-Length the limit still holds, counted while reading.
     let chunks = futures_util::stream::iter(
-        big.into_bytes().chunks(100).map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c))).collect::<Vec<_>>(),
+        big.into_bytes()
+            .chunks(100)
+            .map(|c| Ok::<_, std::io::Error>(Bytes::copy_from_slice(c)))
+            .collect::<Vec<_>>(),
     );
-    let (status, _) = error_of(post(&gw, "/v1/completions", reqwest::Body::wrap_stream(chunks)).await).await;
+    let (status, _) =
+        error_of(post(&gw, "/v1/completions", reqwest::Body::wrap_stream(chunks)).await).await;
     assert_eq!(status, 413);
 
-    let resp = client().get(format!("http://{}{CHAT}", gw.addr())).send().await.unwrap();
+    let resp = client()
+        .get(format!("http://{}{CHAT}", gw.addr()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.headers()["allow"], "POST");
     assert_eq!(error_of(resp).await.0, 405);
-    let resp = client().delete(format!("http://{}/v1/models", gw.addr())).send().await.unwrap();
+    let resp = client()
+        .delete(format!("http://{}/v1/models", gw.addr()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(error_of(resp).await.0, 405);
-    let resp = client().get(format!("http://{}/nothing/here", gw.addr())).send().await.unwrap();
+    let resp = client()
+        .get(format!("http://{}/nothing/here", gw.addr()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(error_of(resp).await.0, 404);
 
     assert_eq!(a.count(), 0, "no bad request may reach a replica");
@@ -136,7 +181,9 @@ async fn bad_requests_get_openai_errors() {
 #[tokio::test]
 async fn forwards_body_byte_for_byte_with_request_id() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
     // Odd spacing, key order, unicode escapes and extra fields must survive.
     let body = "{ \"z\":1,\"model\" :\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \u{1F600}\"}],\"extra\":{\"a\":[1,2.50]}}  \n";
     let resp = client()
@@ -165,17 +212,25 @@ async fn forwards_body_byte_for_byte_with_request_id() {
 #[tokio::test]
 async fn decision_headers_name_pool_and_endpoint() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
-    let cfg = config("  debug: {decisionHeaders: true}\n", &pool("p", "m", "", &[&a], "round-robin"));
+    let cfg = config(
+        "  debug: {decisionHeaders: true}\n",
+        &pool("p", "m", "", &[&a], "round-robin"),
+    );
     let gw = Gateway::start(&cfg).await.unwrap();
     let resp = chat(&gw, "m").await;
     assert_eq!(resp.headers()["x-infergate-pool"], "p");
-    assert_eq!(resp.headers()["x-infergate-endpoint"], a.addr.to_string().as_str());
+    assert_eq!(
+        resp.headers()["x-infergate-endpoint"],
+        a.addr.to_string().as_str()
+    );
 }
 
 #[tokio::test]
 async fn streams_events_as_they_come() {
     let a = FakeReplica::start("a", Behaviour::Stream).await;
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
     let request = tokio::spawn({
         let url = format!("http://{}{CHAT}", gw.addr());
         async move {
@@ -188,16 +243,25 @@ async fn streams_events_as_they_come() {
         }
     });
     let events = a.next_stream().await;
-    events.send(Bytes::from_static(b"data: {\"n\":1}\n\n")).await.unwrap();
+    events
+        .send(Bytes::from_static(b"data: {\"n\":1}\n\n"))
+        .await
+        .unwrap();
     let resp = request.await.unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut body = resp.bytes_stream();
     // The first event arrives while the replica is still generating.
     let first = body.next().await.unwrap().unwrap();
     assert_eq!(first, "data: {\"n\":1}\n\n");
-    events.send(Bytes::from_static(b"data: {\"n\":2}\n\n")).await.unwrap();
+    events
+        .send(Bytes::from_static(b"data: {\"n\":2}\n\n"))
+        .await
+        .unwrap();
     assert_eq!(body.next().await.unwrap().unwrap(), "data: {\"n\":2}\n\n");
-    events.send(Bytes::from_static(b"data: [DONE]\n\n")).await.unwrap();
+    events
+        .send(Bytes::from_static(b"data: [DONE]\n\n"))
+        .await
+        .unwrap();
     drop(events);
     assert_eq!(body.next().await.unwrap().unwrap(), "data: [DONE]\n\n");
     assert!(body.next().await.is_none());
@@ -206,7 +270,9 @@ async fn streams_events_as_they_come() {
 #[tokio::test]
 async fn client_disconnect_aborts_the_upstream_stream() {
     let a = FakeReplica::start("a", Behaviour::Stream).await;
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "least-request"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "least-request")))
+        .await
+        .unwrap();
     let url = format!("http://{}{CHAT}", gw.addr());
     let request = tokio::spawn(async move {
         let resp = client()
@@ -220,13 +286,20 @@ async fn client_disconnect_aborts_the_upstream_stream() {
         // The client goes away after the first event.
     });
     let events = a.next_stream().await;
-    events.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    events
+        .send(Bytes::from_static(b"data: 1\n\n"))
+        .await
+        .unwrap();
     request.await.unwrap();
     // The replica sees its response body dropped: the gateway closed the
     // upstream connection. Keep sending so the gateway notices the client.
     let aborted = async {
         loop {
-            if events.send(Bytes::from_static(b"data: more\n\n")).await.is_err() {
+            if events
+                .send(Bytes::from_static(b"data: more\n\n"))
+                .await
+                .is_err()
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -242,9 +315,12 @@ async fn dead_replica_costs_no_failed_requests() {
     let alive = FakeReplica::start("alive", Behaviour::Echo).await;
     let dead = FakeReplica::start("dead", Behaviour::Echo).await;
     dead.kill();
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead, &alive], "round-robin")))
-        .await
-        .unwrap();
+    let gw = Gateway::start(&config(
+        "",
+        &pool("p", "m", "", &[&dead, &alive], "round-robin"),
+    ))
+    .await
+    .unwrap();
     for _ in 0..20 {
         let resp = chat(&gw, "m").await;
         assert_eq!(resp.status(), 200);
@@ -256,7 +332,9 @@ async fn dead_replica_costs_no_failed_requests() {
 async fn no_reachable_replica_is_503() {
     let dead = FakeReplica::start("dead", Behaviour::Echo).await;
     dead.kill();
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead], "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead], "round-robin")))
+        .await
+        .unwrap();
     let (status, body) = error_of(chat(&gw, "m").await).await;
     assert_eq!(status, 503);
     assert!(body["error"]["message"].as_str().unwrap().contains("`p`"));
@@ -270,7 +348,9 @@ async fn round_robin_spreads_evenly() {
         FakeReplica::start("c", Behaviour::Echo).await,
     ];
     let refs: Vec<&FakeReplica> = replicas.iter().collect();
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &refs, "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &refs, "round-robin")))
+        .await
+        .unwrap();
     for _ in 0..30 {
         assert_eq!(chat(&gw, "m").await.status(), 200);
     }
@@ -285,9 +365,12 @@ async fn least_request_avoids_busy_replicas() {
     let busy = FakeReplica::start("busy", Behaviour::Held(Arc::clone(&gate))).await;
     let free = FakeReplica::start("free", Behaviour::Echo).await;
     let gw = Arc::new(
-        Gateway::start(&config("", &pool("p", "m", "", &[&busy, &free], "least-request")))
-            .await
-            .unwrap(),
+        Gateway::start(&config(
+            "",
+            &pool("p", "m", "", &[&busy, &free], "least-request"),
+        ))
+        .await
+        .unwrap(),
     );
     // With equal load the first request may go to either replica; send
     // until one is held by the busy replica.
@@ -318,15 +401,25 @@ async fn least_request_avoids_busy_replicas() {
 #[tokio::test]
 async fn graceful_shutdown_lets_a_stream_finish() {
     let a = FakeReplica::start("a", Behaviour::Stream).await;
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
     let addr = gw.addr();
     let url = format!("http://{addr}{CHAT}");
     let request = tokio::spawn(async move {
-        let resp = client().post(url).body(r#"{"model":"m","stream":true}"#).send().await.unwrap();
+        let resp = client()
+            .post(url)
+            .body(r#"{"model":"m","stream":true}"#)
+            .send()
+            .await
+            .unwrap();
         resp.bytes().await.unwrap()
     });
     let events = a.next_stream().await;
-    events.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    events
+        .send(Bytes::from_static(b"data: 1\n\n"))
+        .await
+        .unwrap();
     let shutdown = tokio::spawn(gw.shutdown());
     // New connections are refused once the listener is closed.
     let refused = async {
@@ -337,8 +430,13 @@ async fn graceful_shutdown_lets_a_stream_finish() {
             tokio::task::yield_now().await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), refused).await.unwrap();
-    events.send(Bytes::from_static(b"data: 2\n\n")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), refused)
+        .await
+        .unwrap();
+    events
+        .send(Bytes::from_static(b"data: 2\n\n"))
+        .await
+        .unwrap();
     drop(events);
     assert_eq!(request.await.unwrap(), "data: 1\n\ndata: 2\n\n");
     assert!(shutdown.await.unwrap(), "drain did not complete");
@@ -347,10 +445,20 @@ async fn graceful_shutdown_lets_a_stream_finish() {
 #[tokio::test]
 async fn health_and_readiness() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin"))).await.unwrap();
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
     let c = client();
-    let healthz = c.get(format!("http://{}/healthz", gw.addr())).send().await.unwrap();
+    let healthz = c
+        .get(format!("http://{}/healthz", gw.addr()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(healthz.status(), 200);
-    let readyz = c.get(format!("http://{}/readyz", gw.addr())).send().await.unwrap();
+    let readyz = c
+        .get(format!("http://{}/readyz", gw.addr()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(readyz.status(), 200);
 }

@@ -121,7 +121,11 @@ async fn serve(
     wait_for_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     let drained = gateway.shutdown().await;
-    Ok(if drained { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if drained {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatewayConfig) {
@@ -166,8 +170,11 @@ async fn wait_for_signal() {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("INFERGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_env("INFERGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

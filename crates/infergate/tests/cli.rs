@@ -17,10 +17,17 @@ fn write_config(text: &str) -> tempfile::NamedTempFile {
 fn check_accepts_a_valid_config() {
     let out = infergate()
         .args(["check", "--config"])
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/static.yaml"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/static.yaml"
+        ))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("valid"));
 }
 
@@ -29,16 +36,31 @@ fn check_lists_every_problem_and_fails() {
     let cfg = write_config(
         "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:8080\"}]\n  pools:\n    - {name: a, models: [m1], endpoints: [\"127.0.0.1:1\"]}\n    - {name: b, models: [m1], endpoints: [\"not a host\"]}\n",
     );
-    let out = infergate().args(["check", "--config"]).arg(cfg.path()).output().unwrap();
+    let out = infergate()
+        .args(["check", "--config"])
+        .arg(cfg.path())
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(r#"spec.pools[1].endpoints[0]: "not a host" is not host:port"#), "{stderr}");
-    assert!(stderr.contains(r#"spec.pools[1].models[0]: "m1" is already served by spec.pools[0].models[0]"#), "{stderr}");
+    assert!(
+        stderr.contains(r#"spec.pools[1].endpoints[0]: "not a host" is not host:port"#),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            r#"spec.pools[1].models[0]: "m1" is already served by spec.pools[0].models[0]"#
+        ),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn check_reports_unreadable_files() {
-    let out = infergate().args(["check", "--config", "/nonexistent.yaml"]).output().unwrap();
+    let out = infergate()
+        .args(["check", "--config", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.yaml"));
 }
@@ -60,7 +82,13 @@ fn help_describes_every_subcommand() {
 fn quickstart_demo_serves_a_completion() {
     // The demo's fixed ports (8080, 9464) may be taken; use free ones.
     let mut child = infergate()
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -73,11 +101,11 @@ fn quickstart_demo_serves_a_completion() {
         if let Some(rest) = line.strip_prefix("infergate demo: a gateway on http://") {
             addr = rest.split_whitespace().next().map(str::to_owned);
         }
-        if line.trim_start().starts_with("curl ") {
-            curl = Some(line);
-        }
         if line.starts_with("Press Ctrl-C") {
             break;
+        }
+        if line.trim_start().starts_with("curl ") {
+            curl = Some(line);
         }
     }
     let addr = addr.expect("the demo printed its address");
@@ -88,7 +116,14 @@ fn quickstart_demo_serves_a_completion() {
         "max_tokens": 8,
     });
     let out = Command::new("curl")
-        .args(["-s", "--max-time", "60", "-H", "content-type: application/json", "-d"])
+        .args([
+            "-s",
+            "--max-time",
+            "60",
+            "-H",
+            "content-type: application/json",
+            "-d",
+        ])
         .arg(body.to_string())
         .arg(format!("http://{addr}/v1/chat/completions"))
         .output()

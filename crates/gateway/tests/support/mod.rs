@@ -78,7 +78,9 @@ impl FakeReplica {
         });
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { break };
+                let Ok((stream, _)) = listener.accept().await else {
+                    break;
+                };
                 let _ = stream.set_nodelay(true);
                 let ctx = Arc::clone(&ctx);
                 tokio::spawn(async move {
@@ -125,7 +127,12 @@ impl FakeReplica {
 
     /// The sender for the next streamed response, once its request arrived.
     pub async fn next_stream(&self) -> mpsc::Sender<Bytes> {
-        self.streams.lock().await.recv().await.expect("replica stopped")
+        self.streams
+            .lock()
+            .await
+            .recv()
+            .await
+            .expect("replica stopped")
     }
 
     pub fn set_metrics(&self, text: &str) {
@@ -192,7 +199,10 @@ impl Ctx {
     fn echo(&self) -> Response<FakeBody> {
         let mut r = full(
             StatusCode::OK,
-            format!(r#"{{"object":"chat.completion","replica":"{}"}}"#, self.name),
+            format!(
+                r#"{{"object":"chat.completion","replica":"{}"}}"#,
+                self.name
+            ),
         );
         r.headers_mut()
             .insert("content-type", "application/json".parse().unwrap());

@@ -1,0 +1,522 @@
+//! Picker configuration: the policy, scorer weights, saturation thresholds,
+//! staleness, fallback and prefix hashing.
+//!
+//! Every default the picker uses lives in this file, next to the reason for
+//! it. The gateway's config crate maps YAML onto these structs; anything a
+//! user leaves out takes the `Default` below.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// How a pool chooses a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Next replica in turn. Ignores every signal.
+    RoundRobin,
+    /// Fewest requests this gateway has in flight. Ignores scraped signals.
+    LeastRequest,
+    /// Uniformly at random. Ignores every signal.
+    Random,
+    /// Filter healthy, unsaturated replicas, score them with the weighted
+    /// scorers and take the best. The default: it is the point of the product.
+    #[default]
+    Scored,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 4] = [
+        Policy::RoundRobin,
+        Policy::LeastRequest,
+        Policy::Random,
+        Policy::Scored,
+    ];
+
+    /// The name used in configuration files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round-robin",
+            Policy::LeastRequest => "least-request",
+            Policy::Random => "random",
+            Policy::Scored => "scored",
+        }
+    }
+
+    /// Whether the policy reads scraped engine signals (and therefore needs
+    /// them to be fresh).
+    pub fn uses_signals(self) -> bool {
+        matches!(self, Policy::Scored)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownName {
+                kind: "policy",
+                name: s.to_owned(),
+                expected: "round-robin, least-request, random, scored",
+            })
+    }
+}
+
+/// A name that is not one of the accepted spellings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownName {
+    pub kind: &'static str,
+    pub name: String,
+    pub expected: &'static str,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown {} {:?} (expected one of: {})",
+            self.kind, self.name, self.expected
+        )
+    }
+}
+
+impl std::error::Error for UnknownName {}
+
+/// Relative weight of each scorer in the [`Policy::Scored`] sum. Only the
+/// ratios matter: the total is divided by the sum of the weights, so a
+/// replica's total is always in `[0, 1]`. A weight of 0 turns a scorer off.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Weights {
+    /// Engine queue (waiting requests).
+    pub queue: f64,
+    /// Free KV cache.
+    pub kv_cache: f64,
+    /// Requests and tokens this gateway has in flight to the replica.
+    pub inflight: f64,
+    /// Prompt-prefix cache affinity.
+    pub prefix: f64,
+    /// LoRA adapter residency.
+    pub lora: f64,
+}
+
+impl Weights {
+    /// Names accepted by [`Weights::preset`].
+    pub const PRESETS: [&'static str; 3] = ["default", "latency", "throughput"];
+
+    /// Tuned for interactive chat, the common case.
+    ///
+    /// Load (queue 3 + KV 2 + in-flight 3 = 8) outweighs affinity (prefix 3 +
+    /// LoRA 2 = 5), so a cached replica that is clearly busier than its peers
+    /// loses: affinity never builds a hot spot. The in-flight weight is at
+    /// least the prefix weight because in-flight is the only signal that
+    /// moves between scrapes: during a burst, a replica holding the whole
+    /// prompt keeps winning only until it carries a full in-flight
+    /// tolerance (see [`InflightTolerance`]) more than the least-loaded
+    /// peer, then the burst spreads. Queue weighs as much as prefix because a
+    /// waiting request in vLLM-style engines means the batch is already full,
+    /// which costs more time to first token than the prefill a cache hit
+    /// saves, except for a very small queue. LoRA weight 2 makes a resident
+    /// adapter (an avoided swap) worth about as much as a modest load gap.
+    pub const CHAT: Weights = Weights {
+        queue: 3.0,
+        kv_cache: 2.0,
+        inflight: 3.0,
+        prefix: 3.0,
+        lora: 2.0,
+    };
+
+    /// Lowest time to first token under bursty load: spread load first,
+    /// keep prefix affinity as a tie-breaker among similarly loaded replicas.
+    pub const LATENCY: Weights = Weights {
+        queue: 4.0,
+        kv_cache: 2.0,
+        inflight: 4.0,
+        prefix: 2.0,
+        lora: 2.0,
+    };
+
+    /// Highest tokens per second for batch work: every cache hit is prefill
+    /// compute saved and every avoided adapter swap keeps the batch full;
+    /// queueing is acceptable, KV pressure is not (preemption recomputes).
+    /// In-flight matches prefix so that bursts of one shared prompt still
+    /// spread once a replica is a full tolerance ahead.
+    pub const THROUGHPUT: Weights = Weights {
+        queue: 1.0,
+        kv_cache: 3.0,
+        inflight: 4.0,
+        prefix: 4.0,
+        lora: 3.0,
+    };
+
+    /// A named preset: `"default"` (chat), `"latency"` or `"throughput"`.
+    pub fn preset(name: &str) -> Option<Weights> {
+        match name {
+            "default" => Some(Weights::CHAT),
+            "latency" => Some(Weights::LATENCY),
+            "throughput" => Some(Weights::THROUGHPUT),
+            _ => None,
+        }
+    }
+
+    pub fn sum(&self) -> f64 {
+        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora
+    }
+
+    fn named(&self) -> [(&'static str, f64); 5] {
+        [
+            ("queue", self.queue),
+            ("kv_cache", self.kv_cache),
+            ("inflight", self.inflight),
+            ("prefix", self.prefix),
+            ("lora", self.lora),
+        ]
+    }
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights::CHAT
+    }
+}
+
+/// When a replica counts as saturated: it is skipped by [`Policy::Scored`],
+/// and when every healthy replica is saturated the pool answers 429.
+///
+/// A replica is saturated when `waiting >= queue_depth` OR
+/// `kv_usage >= kv_cache`. An unknown signal never makes a replica
+/// saturated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Saturation {
+    /// Waiting requests at which a replica is full. Default 5: in
+    /// vLLM-style engines anything waiting means the running batch is full,
+    /// and five waiting is a few scheduler steps of backlog, enough to
+    /// absorb scrape noise without letting queues grow long. (The same
+    /// threshold as the Gateway API Inference Extension's default.)
+    pub queue_depth: u64,
+    /// KV cache fraction at which a replica is full. Default 0.8: leaves
+    /// room for running sequences to grow their KV during decode without
+    /// the engine preempting (and later recomputing) them.
+    pub kv_cache: f64,
+}
+
+impl Saturation {
+    pub const DEFAULT_QUEUE_DEPTH: u64 = 5;
+    pub const DEFAULT_KV_CACHE: f64 = 0.8;
+
+    pub fn is_saturated(&self, waiting: Option<u64>, kv_usage: Option<f64>) -> bool {
+        waiting.is_some_and(|w| w >= self.queue_depth)
+            || kv_usage.is_some_and(|kv| kv >= self.kv_cache)
+    }
+}
+
+impl Default for Saturation {
+    fn default() -> Self {
+        Saturation {
+            queue_depth: Self::DEFAULT_QUEUE_DEPTH,
+            kv_cache: Self::DEFAULT_KV_CACHE,
+        }
+    }
+}
+
+/// What [`Policy::Scored`] does when no replica has fresh, healthy metrics
+/// but some are reachable (for example the metrics port is down while the
+/// serving port works).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fallback {
+    /// Keep serving: pick the reachable replica with the fewest requests in
+    /// flight from this gateway. The default, because failing a whole pool
+    /// over a metrics outage is worse than routing blind for a while
+    /// (llm-d #2100: a strict staleness threshold halted whole pools).
+    #[default]
+    LeastRequest,
+    /// Refuse with [`crate::PickError::NoHealthyReplicas`].
+    Refuse,
+}
+
+impl Fallback {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::LeastRequest => "least-request",
+            Fallback::Refuse => "refuse",
+        }
+    }
+}
+
+impl FromStr for Fallback {
+    type Err = UnknownName;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Fallback::LeastRequest, Fallback::Refuse]
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| UnknownName {
+                kind: "fallback",
+                name: s.to_owned(),
+                expected: "least-request, refuse",
+            })
+    }
+}
+
+/// How far ahead of the least-loaded candidate a replica's in-flight load
+/// must be before the in-flight scorer gives it the lowest score. Smaller
+/// gaps are scored in proportion, so a difference of one request among
+/// otherwise equal replicas still decides, but does not swing the score
+/// from 1 to 0 and override prefix affinity on noise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct InflightTolerance {
+    /// Default 4 requests.
+    pub requests: u64,
+    /// Default 16,384 estimated tokens (a few long prompts).
+    pub tokens: u64,
+}
+
+impl InflightTolerance {
+    pub const DEFAULT_REQUESTS: u64 = 4;
+    pub const DEFAULT_TOKENS: u64 = 16_384;
+}
+
+impl Default for InflightTolerance {
+    fn default() -> Self {
+        InflightTolerance {
+            requests: Self::DEFAULT_REQUESTS,
+            tokens: Self::DEFAULT_TOKENS,
+        }
+    }
+}
+
+/// How prompts are cut into blocks for prefix affinity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PrefixConfig {
+    /// Bytes of prompt text per block. Default 64 bytes, about 16 tokens at
+    /// the usual ~4 characters per token of English text, which is vLLM's
+    /// KV block size: a block here roughly matches a block the engine can
+    /// reuse. (Text is hashed, not tokens, so the match is approximate.)
+    pub block_bytes: usize,
+    /// Blocks hashed at most per prompt. Default 1,024 blocks (64 KiB, about
+    /// 16k tokens): beyond that affinity is already decided, and the bound
+    /// keeps hashing and index updates cheap for very long prompts.
+    pub max_blocks: usize,
+    /// How many blocks the index remembers per replica when the replica
+    /// does not report its KV capacity. Default 16,384 blocks (about 262k
+    /// tokens), the KV capacity of a mid-size GPU replica.
+    pub default_capacity_blocks: usize,
+}
+
+impl PrefixConfig {
+    pub const DEFAULT_BLOCK_BYTES: usize = 64;
+    pub const DEFAULT_MAX_BLOCKS: usize = 1024;
+    pub const DEFAULT_CAPACITY_BLOCKS: usize = 16_384;
+    /// Prompt bytes per token assumed when converting a replica's KV
+    /// capacity (in tokens) into prompt blocks.
+    pub const BYTES_PER_TOKEN: u64 = 4;
+
+    /// A replica's KV capacity in prompt blocks, from the engine's KV blocks
+    /// and tokens per KV block.
+    pub fn capacity_from_kv(&self, kv_blocks: u64, tokens_per_kv_block: u32) -> u64 {
+        let bytes = kv_blocks
+            .saturating_mul(u64::from(tokens_per_kv_block))
+            .saturating_mul(Self::BYTES_PER_TOKEN);
+        (bytes / self.block_bytes.max(1) as u64).max(1)
+    }
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            block_bytes: Self::DEFAULT_BLOCK_BYTES,
+            max_blocks: Self::DEFAULT_MAX_BLOCKS,
+            default_capacity_blocks: Self::DEFAULT_CAPACITY_BLOCKS,
+        }
+    }
+}
+
+/// Bounds and assumptions of the `Retry-After` estimate for a saturated
+/// pool (see [`crate::estimate_retry_after`]): the time to work through the
+/// waiting requests at the pool's measured drain rate.
+pub mod retry_after {
+    use std::time::Duration;
+
+    /// Never ask a client to come back sooner: a saturated pool rarely
+    /// clears faster, and sooner retries only add load.
+    pub const MIN: Duration = Duration::from_secs(1);
+    /// Never ask a client to wait longer: past a minute the estimate is
+    /// guesswork and the client should decide for itself.
+    pub const MAX: Duration = Duration::from_secs(60);
+    /// Completions per second per replica assumed before any are measured.
+    /// Deliberately low (long generations take seconds each), so the first
+    /// estimates err towards waiting longer.
+    pub const ASSUMED_DRAIN_PER_REPLICA: f64 = 1.0;
+    /// The drain rate is sampled at most this often.
+    pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+    /// Samples further apart than this describe another load level and are
+    /// not used for the rate.
+    pub const MAX_SAMPLE_WINDOW: Duration = Duration::from_secs(10);
+}
+
+/// Everything that shapes a pool's picks.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PickerConfig {
+    pub policy: Policy,
+    pub weights: Weights,
+    pub saturation: Saturation,
+    pub inflight_tolerance: InflightTolerance,
+    /// Metrics older than this make a replica stale (excluded from
+    /// [`Policy::Scored`] until they resume). Default 1 s: twenty scrapes at
+    /// the 50 ms interval, so a slow scrape or a pause does not drop a
+    /// replica, yet a dead one leaves within a second (and a failed
+    /// connection marks it unreachable at once).
+    pub stale_after: Duration,
+    pub fallback: Fallback,
+    pub prefix: PrefixConfig,
+}
+
+impl PickerConfig {
+    pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(1);
+
+    /// Every problem with the config, in one message each; empty when valid.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (name, weight) in self.weights.named() {
+            if !weight.is_finite() || weight < 0.0 {
+                problems.push(format!(
+                    "weights.{name} must be a finite number >= 0, got {weight}"
+                ));
+            }
+        }
+        if self.policy == Policy::Scored && self.weights.sum() <= 0.0 {
+            problems.push("weights: at least one weight must be > 0 for the scored policy".into());
+        }
+        if self.saturation.queue_depth == 0 {
+            problems.push("saturation.queue_depth must be >= 1".into());
+        }
+        let kv = self.saturation.kv_cache;
+        if !(kv > 0.0 && kv <= 1.0) {
+            problems.push(format!("saturation.kv_cache must be in (0, 1], got {kv}"));
+        }
+        if self.inflight_tolerance.requests == 0 || self.inflight_tolerance.tokens == 0 {
+            problems.push("inflight_tolerance values must be >= 1".into());
+        }
+        if self.stale_after.is_zero() {
+            problems.push("stale_after must be > 0".into());
+        }
+        if self.prefix.block_bytes == 0 {
+            problems.push("prefix.block_bytes must be >= 1".into());
+        }
+        if self.prefix.max_blocks == 0 {
+            problems.push("prefix.max_blocks must be >= 1".into());
+        }
+        if self.prefix.default_capacity_blocks == 0 {
+            problems.push("prefix.default_capacity_blocks must be >= 1".into());
+        }
+        problems
+    }
+
+    /// `Ok` when [`PickerConfig::problems`] finds none.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let problems = self.problems();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        PickerConfig {
+            policy: Policy::default(),
+            weights: Weights::default(),
+            saturation: Saturation::default(),
+            inflight_tolerance: InflightTolerance::default(),
+            stale_after: Self::DEFAULT_STALE_AFTER,
+            fallback: Fallback::default(),
+            prefix: PrefixConfig::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_weights_are_the_default_preset() {
+        assert_eq!(Weights::default(), Weights::preset("default").unwrap());
+        for name in Weights::PRESETS {
+            assert!(Weights::preset(name).is_some(), "{name}");
+        }
+        assert_eq!(Weights::preset("fastest"), None);
+    }
+
+    #[test]
+    fn load_outweighs_affinity_in_every_preset() {
+        for name in Weights::PRESETS {
+            let w = Weights::preset(name).unwrap();
+            assert!(
+                w.queue + w.kv_cache + w.inflight > w.prefix + w.lora,
+                "{name}: load must outweigh affinity"
+            );
+        }
+    }
+
+    #[test]
+    fn saturation_rule() {
+        let s = Saturation::default();
+        assert!(!s.is_saturated(Some(4), Some(0.79)));
+        assert!(s.is_saturated(Some(5), Some(0.1)));
+        assert!(s.is_saturated(Some(0), Some(0.8)));
+        assert!(!s.is_saturated(None, None), "unknown is not saturated");
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for p in Policy::ALL {
+            assert_eq!(p.name().parse::<Policy>(), Ok(p));
+        }
+        let err = "fastest".parse::<Policy>().unwrap_err();
+        assert!(err.to_string().contains("fastest"));
+        assert_eq!("refuse".parse::<Fallback>(), Ok(Fallback::Refuse));
+    }
+
+    #[test]
+    fn default_config_is_valid_and_bad_values_are_all_reported() {
+        assert_eq!(PickerConfig::default().validate(), Ok(()));
+        let bad = PickerConfig {
+            weights: Weights {
+                queue: -1.0,
+                kv_cache: f64::NAN,
+                ..Weights::default()
+            },
+            saturation: Saturation {
+                queue_depth: 0,
+                kv_cache: 1.5,
+            },
+            stale_after: Duration::ZERO,
+            ..PickerConfig::default()
+        };
+        let problems = bad.validate().unwrap_err();
+        assert_eq!(problems.len(), 5, "{problems:?}");
+        assert!(problems[0].contains("weights.queue"));
+    }
+
+    #[test]
+    fn kv_capacity_converts_to_prompt_blocks() {
+        let p = PrefixConfig::default();
+        // 1000 KV blocks of 16 tokens = 16,000 tokens = 64,000 bytes = 1000 blocks of 64 B.
+        assert_eq!(p.capacity_from_kv(1000, 16), 1000);
+        assert_eq!(p.capacity_from_kv(0, 16), 1);
+    }
+}
