@@ -25,5 +25,25 @@ pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
 /// `simulated.timeScale`: simulated replicas run in real time by default.
 pub const SIM_TIME_SCALE: f64 = 1.0;
 
+/// `flowControl.<band>.maxQueued`: requests waiting per pool and band.
+pub const FLOW_MAX_QUEUED: usize = 10_000;
+/// `flowControl.<band>.maxQueuedBytes`: request bodies held per pool and
+/// band (256 MiB).
+pub const FLOW_MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
+/// `flowControl.critical.maxWait`.
+pub const FLOW_CRITICAL_MAX_WAIT: Duration = Duration::from_secs(30);
+/// `flowControl.standard.maxWait`.
+pub const FLOW_STANDARD_MAX_WAIT: Duration = Duration::from_secs(10);
+/// `flowControl.sheddable.maxWait`: sheddable requests never wait.
+pub const FLOW_SHEDDABLE_MAX_WAIT: Duration = Duration::ZERO;
+
+/// `telemetry.otlp.serviceName`.
+pub const OTLP_SERVICE_NAME: &str = "infergate";
+/// `telemetry.otlp.sampleRatio`: every trace; lower it for busy gateways.
+pub const OTLP_SAMPLE_RATIO: f64 = 1.0;
+/// `telemetry.otlp.timeout`: one export; a slow collector must not hold
+/// spans in memory for long.
+pub const OTLP_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";

@@ -42,7 +42,101 @@ pub struct Spec {
     pub shutdown: Shutdown,
     #[serde(default)]
     pub debug: Debug,
+    /// Priority band of each model's requests (model or adapter name →
+    /// band); models not listed are `standard`.
+    #[serde(default)]
+    pub objectives: std::collections::BTreeMap<String, Priority>,
+    #[serde(default)]
+    pub flow_control: FlowControl,
+    #[serde(default)]
+    pub telemetry: Telemetry,
     pub pools: Vec<Pool>,
+}
+
+/// A request's priority band under saturation.
+#[derive(
+    Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Waits longest, is dispatched first, never dropped for lower bands.
+    Critical,
+    #[default]
+    Standard,
+    /// Refused at once when its pool is saturated.
+    Sheddable,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Standard => "standard",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+/// Queueing in the gateway when a pool is saturated.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlowControl {
+    /// Let the `x-infergate-priority` header raise a request above its
+    /// model's band (it may always lower it).
+    #[serde(default)]
+    pub header_may_raise: bool,
+    #[serde(default)]
+    pub critical: BandLimits,
+    #[serde(default)]
+    pub standard: BandLimits,
+    #[serde(default)]
+    pub sheddable: BandLimits,
+}
+
+impl FlowControl {
+    pub fn band(&self, priority: Priority) -> &BandLimits {
+        match priority {
+            Priority::Critical => &self.critical,
+            Priority::Standard => &self.standard,
+            Priority::Sheddable => &self.sheddable,
+        }
+    }
+}
+
+/// Bounds of one band's queue, per pool.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BandLimits {
+    pub max_queued: Option<usize>,
+    pub max_queued_bytes: Option<u64>,
+    /// `0s`: never wait, refuse at once when saturated.
+    #[serde(default, with = "humantime_serde")]
+    pub max_wait: Option<Duration>,
+}
+
+impl BandLimits {
+    pub fn max_queued(&self) -> usize {
+        self.max_queued.unwrap_or(defaults::FLOW_MAX_QUEUED)
+    }
+    pub fn max_queued_bytes(&self) -> u64 {
+        self.max_queued_bytes
+            .unwrap_or(defaults::FLOW_MAX_QUEUED_BYTES)
+    }
+    pub fn max_wait(&self, priority: Priority) -> Duration {
+        self.max_wait.unwrap_or(match priority {
+            Priority::Critical => defaults::FLOW_CRITICAL_MAX_WAIT,
+            Priority::Standard => defaults::FLOW_STANDARD_MAX_WAIT,
+            Priority::Sheddable => defaults::FLOW_SHEDDABLE_MAX_WAIT,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -118,6 +212,78 @@ pub struct Debug {
     /// `x-infergate-scores` to responses.
     #[serde(default)]
     pub decision_headers: bool,
+}
+
+/// Access log and trace export. Metrics need no settings: they are served
+/// on the admin listener.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Telemetry {
+    #[serde(default)]
+    pub access_log: AccessLog,
+    /// Export traces over OTLP/HTTP; no export when absent.
+    #[serde(default)]
+    pub otlp: Option<Otlp>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AccessLog {
+    /// `text` or `json`; when absent, the format of the process's other
+    /// logs (`--log-format`).
+    #[serde(default)]
+    pub format: Option<LogFormat>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// An OpenTelemetry collector reached over OTLP/HTTP with protobuf bodies.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Otlp {
+    /// `http://host:port` of the collector; spans go to `/v1/traces` under
+    /// it unless the URL already ends with that path.
+    pub endpoint: String,
+    #[serde(default)]
+    pub service_name: Option<String>,
+    /// Fraction of new traces recorded, 0..=1. A request that arrives with
+    /// a `traceparent` follows the caller's sampling decision instead.
+    #[serde(default)]
+    pub sample_ratio: Option<f64>,
+    /// Longest time one export may take.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+}
+
+impl Otlp {
+    pub fn service_name(&self) -> &str {
+        self.service_name
+            .as_deref()
+            .unwrap_or(defaults::OTLP_SERVICE_NAME)
+    }
+    pub fn sample_ratio(&self) -> f64 {
+        self.sample_ratio.unwrap_or(defaults::OTLP_SAMPLE_RATIO)
+    }
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(defaults::OTLP_TIMEOUT)
+    }
+    /// The URL spans are posted to.
+    pub fn traces_url(&self) -> String {
+        let base = self.endpoint.trim_end_matches('/');
+        if base.ends_with("/v1/traces") {
+            base.to_owned()
+        } else {
+            format!("{base}/v1/traces")
+        }
+    }
 }
 
 /// The metrics dialect a pool's replicas speak.

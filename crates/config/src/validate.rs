@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::defaults;
 use crate::load::Problem;
-use crate::schema::{Engine, InferenceGatewayConfig, Policy, Pool};
+use crate::schema::{Engine, InferenceGatewayConfig, Policy, Pool, Telemetry};
 
 /// Weight presets the picker knows.
 pub const PRESETS: &[&str] = &["default", "latency", "throughput"];
@@ -83,6 +83,22 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
         }
     }
 
+    for priority in crate::schema::Priority::ALL {
+        let band = spec.flow_control.band(priority);
+        let path = format!("spec.flowControl.{}", priority.as_str());
+        if band.max_queued == Some(0) {
+            p.add(
+                format!("{path}.maxQueued"),
+                "must be at least 1 (use maxWait: 0s to never queue)",
+            );
+        }
+        if band.max_queued_bytes == Some(0) {
+            p.add(format!("{path}.maxQueuedBytes"), "must be at least 1");
+        }
+    }
+
+    check_telemetry(&mut p, &spec.telemetry);
+
     if spec.pools.is_empty() {
         p.add("spec.pools", "at least one pool is required");
     }
@@ -129,7 +145,57 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
         check_replicas(&mut p, &path, pool);
         check_scheduling(&mut p, &path, pool);
     }
+    for model in spec.objectives.keys() {
+        if !served.contains_key(model.as_str()) {
+            p.add(
+                format!("spec.objectives[{model:?}]"),
+                "no pool serves this model or adapter",
+            );
+        }
+    }
     p.0
+}
+
+fn check_telemetry(p: &mut Problems, telemetry: &Telemetry) {
+    let Some(otlp) = &telemetry.otlp else {
+        return;
+    };
+    let path = "spec.telemetry.otlp";
+    if let Err(why) = check_collector_url(&otlp.endpoint) {
+        p.add(format!("{path}.endpoint"), why);
+    }
+    if otlp.service_name.as_deref().is_some_and(str::is_empty) {
+        p.add(format!("{path}.serviceName"), "must not be empty");
+    }
+    if let Some(ratio) = otlp.sample_ratio
+        && !(0.0..=1.0).contains(&ratio)
+    {
+        p.add(
+            format!("{path}.sampleRatio"),
+            format!("{ratio} is not between 0 and 1"),
+        );
+    }
+    if otlp.timeout == Some(Duration::ZERO) {
+        p.add(format!("{path}.timeout"), "must be greater than 0");
+    }
+}
+
+/// `http://host[:port][/path]`. HTTPS is refused rather than silently
+/// sent in clear: the exporter speaks plain HTTP to a nearby collector.
+fn check_collector_url(url: &str) -> Result<(), String> {
+    if url.starts_with("https://") {
+        return Err(format!(
+            "{url:?}: https is not supported; export to a collector over http (for example an OpenTelemetry Collector on the same host)"
+        ));
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!("{url:?} is not an http:// URL"));
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() || url.chars().any(char::is_whitespace) {
+        return Err(format!("{url:?} has no valid host"));
+    }
+    Ok(())
 }
 
 fn check_bind_address(
@@ -186,9 +252,10 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
             );
         }
         if let Some(scale) = sim.time_scale
-            && !(scale.is_finite() && scale > 0.0) {
-                p.add(format!("{sp}.timeScale"), "must be a positive number");
-            }
+            && !(scale.is_finite() && scale > 0.0)
+        {
+            p.add(format!("{sp}.timeScale"), "must be a positive number");
+        }
         if pool.models.len() > 1 {
             p.add(
                 format!("{path}.models"),
@@ -214,12 +281,13 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
         );
     }
     if let Some(preset) = &s.preset
-        && !PRESETS.contains(&preset.as_str()) {
-            p.add(
-                format!("{sp}.preset"),
-                format!("{preset:?} is not one of {}", PRESETS.join(", ")),
-            );
-        }
+        && !PRESETS.contains(&preset.as_str())
+    {
+        p.add(
+            format!("{sp}.preset"),
+            format!("{preset:?} is not one of {}", PRESETS.join(", ")),
+        );
+    }
     if let Some(w) = &s.weights {
         for (field, value) in [
             ("queue", w.queue),
@@ -229,9 +297,10 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
             ("lora", w.lora),
         ] {
             if let Some(v) = value
-                && !(v.is_finite() && v >= 0.0) {
-                    p.add(format!("{sp}.weights.{field}"), "must be a number >= 0");
-                }
+                && !(v.is_finite() && v >= 0.0)
+            {
+                p.add(format!("{sp}.weights.{field}"), "must be a number >= 0");
+            }
         }
     }
     if let Some(sat) = &s.saturation {
@@ -239,9 +308,10 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
             p.add(format!("{sp}.saturation.queueDepth"), "must be at least 1");
         }
         if let Some(kv) = sat.kv_cache
-            && !(kv > 0.0 && kv <= 1.0) {
-                p.add(format!("{sp}.saturation.kvCache"), "must be in (0, 1]");
-            }
+            && !(kv > 0.0 && kv <= 1.0)
+        {
+            p.add(format!("{sp}.saturation.kvCache"), "must be in (0, 1]");
+        }
     }
     let m = &s.metrics;
     if m.interval == Some(Duration::ZERO) {
@@ -251,16 +321,17 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
         p.add(format!("{sp}.metrics.timeout"), "must be greater than 0");
     }
     if let Some(stale) = m.stale_after
-        && stale <= m.interval() {
-            p.add(
-                format!("{sp}.metrics.staleAfter"),
-                format!(
-                    "{} is not longer than the scrape interval ({}); every replica would look stale",
-                    humantime::format_duration(stale),
-                    humantime::format_duration(m.interval())
-                ),
-            );
-        }
+        && stale <= m.interval()
+    {
+        p.add(
+            format!("{sp}.metrics.staleAfter"),
+            format!(
+                "{} is not longer than the scrape interval ({}); every replica would look stale",
+                humantime::format_duration(stale),
+                humantime::format_duration(m.interval())
+            ),
+        );
+    }
 }
 
 /// `host:port` with a non-empty host and a numeric port; IPv6 hosts in
@@ -277,4 +348,71 @@ pub fn is_host_port(s: &str) -> bool {
         && host
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+}
+
+#[cfg(test)]
+mod telemetry_tests {
+    use super::*;
+
+    #[test]
+    fn collector_urls() {
+        for ok in [
+            "http://127.0.0.1:4318",
+            "http://otel-collector:4318/",
+            "http://c/v1/traces",
+        ] {
+            assert_eq!(check_collector_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "127.0.0.1:4318",
+            "https://c:4318",
+            "http://",
+            "http:///v1",
+            "http://a b",
+        ] {
+            assert!(check_collector_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn with_telemetry(telemetry: &str) -> String {
+        format!(
+            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:8080\"}}\n  telemetry: {telemetry}\n  pools:\n    - {{name: a, models: [m], endpoints: [\"127.0.0.1:1\"]}}\n"
+        )
+    }
+
+    #[test]
+    fn telemetry_fields_and_defaults() {
+        let c = crate::from_yaml(&with_telemetry(
+            "{accessLog: {format: json}, otlp: {endpoint: \"http://127.0.0.1:4318\"}}",
+        ))
+        .unwrap();
+        let t = &c.spec.telemetry;
+        assert_eq!(t.access_log.format, Some(crate::LogFormat::Json));
+        let otlp = t.otlp.as_ref().unwrap();
+        assert_eq!(otlp.traces_url(), "http://127.0.0.1:4318/v1/traces");
+        assert_eq!(otlp.service_name(), defaults::OTLP_SERVICE_NAME);
+        assert_eq!(otlp.sample_ratio(), defaults::OTLP_SAMPLE_RATIO);
+        assert_eq!(otlp.timeout(), defaults::OTLP_TIMEOUT);
+
+        let plain = crate::from_yaml(&with_telemetry("{}")).unwrap();
+        assert_eq!(plain.spec.telemetry, Telemetry::default());
+    }
+
+    #[test]
+    fn bad_telemetry_is_reported_with_paths() {
+        let err = crate::from_yaml(&with_telemetry(
+            "{otlp: {endpoint: \"collector:4318\", serviceName: \"\", sampleRatio: 1.5, timeout: 0s}}",
+        ))
+        .unwrap_err();
+        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.telemetry.otlp.endpoint",
+                "spec.telemetry.otlp.serviceName",
+                "spec.telemetry.otlp.sampleRatio",
+                "spec.telemetry.otlp.timeout",
+            ]
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! Response bodies: a gateway-made body, or a replica's body streamed
 //! through frame by frame.
 //!
-//! A proxied body owns the request's [`LoadGuard`] and its [`Record`], so
+//! A proxied body owns the request's [`Lease`] on its replica and its [`Record`], so
 //! the replica's load is released and the request is recorded exactly once,
 //! when the body ends — finished, failed, or dropped because the client went
 //! away. Dropping the upstream body closes its connection, which makes the
@@ -14,9 +14,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use picker::LoadGuard;
 use tokio::time::{Instant, Sleep};
 
+use crate::admit::Lease;
 use crate::record::Record;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -42,12 +42,12 @@ pub struct ProxiedBody {
     idle: Pin<Box<Sleep>>,
     last_frame: Instant,
     // Dropped with the body; see the module comment.
-    _load: LoadGuard,
+    _load: Lease,
     record: Record,
 }
 
 impl ProxiedBody {
-    pub fn new(inner: Incoming, load: LoadGuard, record: Record, idle_timeout: Duration) -> Self {
+    pub fn new(inner: Incoming, load: Lease, record: Record, idle_timeout: Duration) -> Self {
         Self {
             inner,
             idle_timeout,

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Set for refusals a client should retry later (429/503).
     pub retry_after: Option<Duration>,
+    /// Why flow control refused the request (`x-infergate-dropped-reason`).
+    pub dropped_reason: Option<&'static str>,
 }
 
 impl ApiError {
@@ -29,6 +31,14 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            dropped_reason: None,
+        }
+    }
+
+    pub fn with_dropped_reason(self, reason: &'static str) -> Self {
+        Self {
+            dropped_reason: Some(reason),
+            ..self
         }
     }
 
@@ -103,6 +113,33 @@ impl ApiError {
         }
     }
 
+    pub fn queue_full(pool: &str, band: &str, retry_after: Duration) -> Self {
+        Self {
+            code: Some("queue_full"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!("Pool `{pool}` is saturated and its {band} queue is full."),
+            )
+        }
+    }
+
+    pub fn wait_expired(pool: &str, waited: Duration, retry_after: Duration) -> Self {
+        Self {
+            code: Some("wait_expired"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "Pool `{pool}` stayed saturated for the {} s this request may wait.",
+                    waited.as_secs_f64()
+                ),
+            )
+        }
+    }
+
     pub fn no_replicas(pool: &str, why: &str) -> Self {
         Self {
             code: Some("no_replicas"),
@@ -168,6 +205,12 @@ impl ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(reason) = self.dropped_reason {
+            headers.insert(
+                "x-infergate-dropped-reason",
+                HeaderValue::from_static(reason),
+            );
+        }
         if let Some(after) = self.retry_after {
             // Retry-After has whole seconds; round up so a client never
             // comes back too early. retry-after-ms carries the precise value.

@@ -3,6 +3,7 @@
 //! Read [`pipeline`] first: it is the whole request path in order.
 
 mod admin;
+mod admit;
 pub mod body;
 pub mod error;
 pub mod pipeline;
@@ -59,8 +60,8 @@ impl Gateway {
                 }
                 None => pool_spec.endpoints.clone(),
             };
-            let mut pool = PoolRuntime::new(pool_spec, &addrs, &spec.timeouts);
-            pool.start_watching(spec.timeouts.connect());
+            let mut pool = PoolRuntime::new(pool_spec, &addrs, &spec.timeouts, &spec.flow_control);
+            pool.start(spec.timeouts.connect());
             pools.push(pool);
         }
         let state = Arc::new(State::new(spec, pools));
@@ -140,6 +141,13 @@ impl Gateway {
                 (p.name.clone(), addrs)
             })
             .collect()
+    }
+
+    /// Requests waiting in a pool's flow-control queue, per band
+    /// (critical, standard, sheddable). `None` for an unknown pool.
+    pub fn queued(&self, pool: &str) -> Option<[usize; 3]> {
+        let pool = self.state.pools.iter().find(|p| p.name == pool)?;
+        Some(config::Priority::ALL.map(|band| pool.admission.queued(band).0))
     }
 
     /// Stop accepting, answer new requests on open connections with 503,

@@ -7,8 +7,10 @@
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
 //! 4. route — model name → pool (+ adapter)
 //! 5. authorize — tenant may use this model (with authentication)
-//! 6. admit — flow control; today a saturated pool refuses in `pick`
-//! 7. pick — the endpoint picker over the pool's current snapshot
+//! 6. admit — flow control: when every replica is saturated, wait in line
+//!    by priority band and fairness key (admit/)
+//! 7. pick — the endpoint picker over the pool's current snapshot, run by
+//!    admission for requests that go straight through and for waiters
 //! 8. forward — proxy to the replica, retrying other replicas only before
 //!    any response byte; stream the answer back
 //! 9. record — access log and load release, when the response body ends
@@ -21,6 +23,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use crate::admit::{OwnedPick, Ticket};
 use crate::body::{self, ProxiedBody, ResponseBody};
 use crate::error::ApiError;
 use crate::pool::PoolRuntime;
@@ -99,40 +102,42 @@ async fn infer(
     record.pool = Some(pool.name.clone());
 
     // 5. authorize: every caller may use every model until tenants exist.
-    // 6. admit: flow control is a later stage; saturation refuses in pick.
 
-    // 7. pick and 8. forward, retrying other replicas before any byte.
-    let prefix_hashes =
-        pool.picker
-            .hash_prompt(&request.model, route.adapter.as_deref(), &request.body);
+    // 6. admit: straight through when a replica has room, else wait in line.
+    let ticket = match Ticket::from_request(
+        &parts.headers,
+        &request.model,
+        &state.objectives,
+        &state.flow_control,
+        body.len() as u64,
+    ) {
+        Ok(t) => t,
+        Err(e) => return refuse(record, e),
+    };
+    // 7. pick happens inside admission (the dispatcher picks for waiters).
+    let pick = OwnedPick {
+        adapter: route.adapter.clone(),
+        prefix_hashes: pool
+            .picker
+            .hash_prompt(&request.model, route.adapter.as_deref(), &request.body)
+            .into(),
+        estimated_tokens: request.estimated_tokens,
+        explain: state.debug.decision_headers,
+    };
+    let mut admitted = match pool
+        .admission
+        .admit(&pool.name, &ticket, pick.clone())
+        .await
+    {
+        Ok(a) => a,
+        Err(e) => return refuse(record, e),
+    };
+
+    // 8. forward, retrying other replicas before any byte.
     let mut tried: Vec<usize> = Vec::new();
     loop {
-        let pick = picker::PickRequest {
-            adapter: route.adapter.as_deref(),
-            prefix_hashes: &prefix_hashes,
-            estimated_tokens: request.estimated_tokens,
-            explain: state.debug.decision_headers,
-        };
-        let now = Instant::now();
-        let decision =
-            match pool
-                .picker
-                .pick(&pick, now.into_std(), &tried, &mut rand::thread_rng())
-            {
-                Ok(d) => d,
-                Err(picker::PickError::Saturated { retry_after, .. }) => {
-                    return refuse(record, ApiError::saturated(&pool.name, retry_after));
-                }
-                Err(
-                    e @ (picker::PickError::NoReplicas
-                    | picker::PickError::NoHealthyReplicas { .. }),
-                ) => {
-                    return refuse(record, ApiError::no_replicas(&pool.name, &e.to_string()));
-                }
-            };
+        let decision = &admitted.decision;
         let endpoint = Arc::clone(&decision.endpoint);
-        let load = decision.acquire();
-        pool.picker.record(endpoint.index, &prefix_hashes);
         record.endpoint = Some(endpoint.addr.clone());
         record.decision = decision.top.map(|t| match t.runner_up {
             Some(r) => format!("{:.3} vs {r:.3}", t.winner),
@@ -155,9 +160,10 @@ async fn infer(
                 record.status = head.status.as_u16();
                 strip_hop_by_hop(&mut head.headers);
                 if state.debug.decision_headers {
-                    decision_headers(&mut head.headers, pool, &endpoint.addr, &decision);
+                    decision_headers(&mut head.headers, pool, &endpoint.addr, decision);
                 }
-                let body = ProxiedBody::new(incoming, load, record, state.timeouts.idle());
+                let body =
+                    ProxiedBody::new(incoming, admitted.lease, record, state.timeouts.idle());
                 return Response::from_parts(head, ResponseBody::Proxied(Box::new(body)));
             }
             // The replica may be generating: never send the work twice.
@@ -177,8 +183,20 @@ async fn infer(
                     );
                 }
                 record.retries += 1;
+                admitted = match pool.admission.pick_now(&pick.as_request(), &tried) {
+                    Ok(a) => a,
+                    Err(e) => return refuse(record, pick_error(&pool.name, e)),
+                };
             }
         }
+    }
+}
+
+/// A retry's pick failed: nothing is left to try.
+fn pick_error(pool: &str, e: picker::PickError) -> ApiError {
+    match e {
+        picker::PickError::Saturated { retry_after, .. } => ApiError::saturated(pool, retry_after),
+        e => ApiError::no_replicas(pool, &e.to_string()),
     }
 }
 
@@ -237,9 +255,10 @@ fn decision_headers(
     ];
     for (name, value) in pairs {
         if let Ok(v) = HeaderValue::from_str(&value)
-            && !value.is_empty() {
-                headers.insert(name, v);
-            }
+            && !value.is_empty()
+        {
+            headers.insert(name, v);
+        }
     }
 }
 

@@ -5,39 +5,53 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use picker::Endpoint;
+use tokio::task::JoinHandle;
 
+use crate::admit::Admission;
 use crate::upstream::{self, UpstreamClient};
 
 pub struct PoolRuntime {
     pub name: String,
     pub spec: config::Pool,
-    pub picker: picker::Pool,
+    pub picker: Arc<picker::Pool>,
+    /// Flow control in front of the picker.
+    pub admission: Arc<Admission>,
     pub client: UpstreamClient,
     /// One per replica; each stops its task when dropped.
     scrapers: Vec<signals::Scraper>,
+    dispatcher: Option<JoinHandle<()>>,
 }
 
 impl PoolRuntime {
     /// `addrs` are the replicas: the pool's static endpoints, or the
     /// simulated replicas started for it.
-    pub fn new(spec: &config::Pool, addrs: &[String], timeouts: &config::Timeouts) -> Self {
+    pub fn new(
+        spec: &config::Pool,
+        addrs: &[String],
+        timeouts: &config::Timeouts,
+        flow_control: &config::FlowControl,
+    ) -> Self {
         let endpoints: Vec<Arc<Endpoint>> = addrs
             .iter()
             .enumerate()
             .map(|(i, a)| Endpoint::new(i, a.clone()))
             .collect();
+        let picker = Arc::new(picker::Pool::new(picker_config(spec), endpoints));
         Self {
             name: spec.name.clone(),
-            picker: picker::Pool::new(picker_config(spec), endpoints),
+            admission: Admission::new(Arc::clone(&picker), flow_control.clone()),
+            picker,
             client: upstream::client(spec.protocol, timeouts.connect()),
             scrapers: Vec::new(),
+            dispatcher: None,
             spec: spec.clone(),
         }
     }
 
-    /// Start one scraper (or reachability probe) per replica. Needs a
-    /// Tokio runtime.
-    pub fn start_watching(&mut self, connect_timeout: std::time::Duration) {
+    /// Start one scraper (or reachability probe) per replica and the flow
+    /// control dispatcher. Needs a Tokio runtime.
+    pub fn start(&mut self, connect_timeout: std::time::Duration) {
+        self.dispatcher = Some(tokio::spawn(Arc::clone(&self.admission).dispatch_forever()));
         let metrics = &self.spec.scheduling.metrics;
         let cfg = signals::ScrapeConfig {
             dialect: self
@@ -56,7 +70,13 @@ impl PoolRuntime {
             .picker
             .endpoints()
             .iter()
-            .map(|e| signals::spawn_scraper(Arc::clone(e), cfg, client.clone(), |_| {}))
+            .map(|e| {
+                // Fresh signals may show room for requests waiting in line.
+                let admission = Arc::clone(&self.admission);
+                signals::spawn_scraper(Arc::clone(e), cfg, client.clone(), move |_| {
+                    admission.wake()
+                })
+            })
             .collect();
     }
 
@@ -70,6 +90,14 @@ impl PoolRuntime {
                     || picker::health(&e.observation.load(), now, config.stale_after)
                         == picker::Health::Healthy)
         })
+    }
+}
+
+impl Drop for PoolRuntime {
+    fn drop(&mut self) {
+        if let Some(dispatcher) = &self.dispatcher {
+            dispatcher.abort();
+        }
     }
 }
 

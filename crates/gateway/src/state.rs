@@ -12,6 +12,8 @@ pub struct State {
     pub limits: config::Limits,
     pub timeouts: config::Timeouts,
     pub debug: config::Debug,
+    pub objectives: std::collections::BTreeMap<String, config::Priority>,
+    pub flow_control: config::FlowControl,
     shutting_down: AtomicBool,
 }
 
@@ -23,6 +25,8 @@ impl State {
             limits: config.limits.clone(),
             timeouts: config.timeouts.clone(),
             debug: config.debug.clone(),
+            objectives: config.objectives.clone(),
+            flow_control: config.flow_control.clone(),
             shutting_down: AtomicBool::new(false),
         }
     }

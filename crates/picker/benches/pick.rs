@@ -74,13 +74,13 @@ fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Pool {
         })
         .collect();
     let pool = Pool::new(PickerConfig::default(), endpoints.clone());
-    for replica in 0..replicas {
+    for (replica, endpoint) in endpoints.iter().enumerate() {
         for k in 0..BACKGROUND_PROMPTS_PER_REPLICA {
             let background = hashes_of(&chat_body(1_000_000 + replica * 100 + k, 3));
             pool.record(replica, &background);
         }
         // A few requests in flight from this gateway (never released here).
-        std::mem::forget(endpoints[replica].acquire(1_000 * (replica % 3) as u64));
+        std::mem::forget(endpoint.acquire(1_000 * (replica % 3) as u64));
     }
     // The previous turn of this conversation went to one replica.
     let previous_turn = &prompt[..prompt.len() * 3 / 4];

@@ -2,7 +2,7 @@
 //! put on it, and the latest observation of its engine.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -100,6 +100,11 @@ pub struct Endpoint {
     /// Set when a connection attempt failed; cleared when the replica
     /// answers again (a scrape or a probe succeeds).
     unreachable: AtomicBool,
+    /// The observation the picker last saw (its address) and this
+    /// gateway's in-flight requests at that moment; see
+    /// [`Endpoint::inflight_since_observation`].
+    seen_observation: AtomicUsize,
+    inflight_at_seen: AtomicU64,
 }
 
 impl Endpoint {
@@ -110,7 +115,23 @@ impl Endpoint {
             load: Load::default(),
             observation: ArcSwap::from_pointee(Observation::default()),
             unreachable: AtomicBool::new(false),
+            seen_observation: AtomicUsize::new(0),
+            inflight_at_seen: AtomicU64::new(0),
         })
+    }
+
+    /// Requests this gateway has added to the replica since `observation`
+    /// was first seen: work the replica's own figures cannot show yet.
+    /// Counted from the first pick that sees a new scrape, so a burst
+    /// between two scrapes is visible to the saturation check.
+    pub fn inflight_since_observation(&self, observation: &Arc<Observation>) -> u64 {
+        let now = self.load.requests();
+        let id = Arc::as_ptr(observation) as usize;
+        if self.seen_observation.swap(id, Ordering::Relaxed) != id {
+            self.inflight_at_seen.store(now, Ordering::Relaxed);
+            return 0;
+        }
+        now.saturating_sub(self.inflight_at_seen.load(Ordering::Relaxed))
     }
 
     /// Take one request's share of this replica's load.

@@ -40,6 +40,18 @@ pub enum Behaviour {
     Stream,
 }
 
+/// How a fake replica's `/metrics` misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetricsFault {
+    /// Answer 200 with the text set by [`FakeReplica::set_metrics`].
+    #[default]
+    None,
+    /// Accept the scrape and answer nothing until the fault is changed.
+    Hang,
+    /// Answer 503.
+    Unavailable,
+}
+
 pub struct FakeReplica {
     pub addr: SocketAddr,
     pub name: String,
@@ -47,6 +59,8 @@ pub struct FakeReplica {
     arrived: Arc<Notify>,
     streams: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<mpsc::Sender<Bytes>>>>,
     metrics: Arc<Mutex<String>>,
+    fault: Arc<Mutex<MetricsFault>>,
+    fault_changed: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -68,6 +82,8 @@ impl FakeReplica {
         let arrived = Arc::new(Notify::new());
         let (stream_tx, stream_rx) = mpsc::unbounded_channel();
         let metrics = Arc::new(Mutex::new(idle_vllm_metrics()));
+        let fault = Arc::new(Mutex::new(MetricsFault::None));
+        let fault_changed = Arc::new(Notify::new());
         let ctx = Arc::new(Ctx {
             name: name.to_owned(),
             behaviour,
@@ -75,15 +91,21 @@ impl FakeReplica {
             arrived: Arc::clone(&arrived),
             streams: stream_tx,
             metrics: Arc::clone(&metrics),
+            fault: Arc::clone(&fault),
+            fault_changed: Arc::clone(&fault_changed),
         });
         let task = tokio::spawn(async move {
+            // Connections live in the accept task's set, so aborting the
+            // task (kill, drop) closes them too.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     break;
                 };
                 let _ = stream.set_nodelay(true);
+                while connections.try_join_next().is_some() {}
                 let ctx = Arc::clone(&ctx);
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let service = service_fn(move |req| {
                         let ctx = Arc::clone(&ctx);
                         async move { Ok::<_, Infallible>(ctx.answer(req).await) }
@@ -101,6 +123,8 @@ impl FakeReplica {
             arrived,
             streams: Arc::new(tokio::sync::Mutex::new(stream_rx)),
             metrics,
+            fault,
+            fault_changed,
             task,
         }
     }
@@ -139,6 +163,14 @@ impl FakeReplica {
         *self.metrics.lock() = text.to_owned();
     }
 
+    /// Make `/metrics` misbehave, or behave again with
+    /// [`MetricsFault::None`]. Scrapes hanging on [`MetricsFault::Hang`]
+    /// are answered by the new behaviour.
+    pub fn set_metrics_fault(&self, fault: MetricsFault) {
+        *self.fault.lock() = fault;
+        self.fault_changed.notify_waiters();
+    }
+
     /// Stop listening and drop every connection.
     pub fn kill(&self) {
         self.task.abort();
@@ -158,12 +190,14 @@ struct Ctx {
     arrived: Arc<Notify>,
     streams: mpsc::UnboundedSender<mpsc::Sender<Bytes>>,
     metrics: Arc<Mutex<String>>,
+    fault: Arc<Mutex<MetricsFault>>,
+    fault_changed: Arc<Notify>,
 }
 
 impl Ctx {
     async fn answer(&self, req: Request<Incoming>) -> Response<FakeBody> {
         if req.uri().path() == "/metrics" {
-            return full(StatusCode::OK, self.metrics.lock().clone());
+            return self.metrics().await;
         }
         let (parts, body) = req.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
@@ -192,6 +226,23 @@ impl Ctx {
                     .header("content-type", "text/event-stream")
                     .body(BodyExt::boxed(StreamBody::new(stream)))
                     .unwrap()
+            }
+        }
+    }
+
+    async fn metrics(&self) -> Response<FakeBody> {
+        loop {
+            let changed = self.fault_changed.notified();
+            let fault = *self.fault.lock();
+            match fault {
+                MetricsFault::None => return full(StatusCode::OK, self.metrics.lock().clone()),
+                MetricsFault::Unavailable => {
+                    return full(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "metrics unavailable".into(),
+                    );
+                }
+                MetricsFault::Hang => changed.await,
             }
         }
     }

@@ -100,7 +100,11 @@ fn pick_with<R: Rng + ?Sized>(
         let state = observation.state.as_deref();
         let waiting = state.and_then(|s| s.waiting);
         let kv_usage = state.and_then(|s| s.kv_usage).filter(|kv| kv.is_finite());
-        if config.saturation.is_saturated(waiting, kv_usage) {
+        // Requests sent since the scrape count as waiting, so a burst
+        // between scrapes cannot overfill a replica that looked idle.
+        let projected_waiting =
+            waiting.map(|w| w + endpoint.inflight_since_observation(&observation));
+        if config.saturation.is_saturated(projected_waiting, kv_usage) {
             saturated += 1;
             saturated_waiting += waiting.unwrap_or(0);
             continue;

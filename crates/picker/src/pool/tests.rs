@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::endpoint::{EngineState, Observation};
-use crate::policy::Fallback;
+use crate::policy::{Fallback, Saturation};
 use crate::scorers::Scorer;
 
 fn idle() -> EngineState {
@@ -326,7 +326,15 @@ fn shared_system_prompt_sticks_to_one_replica_while_healthy() {
 #[test]
 fn a_burst_sharing_a_prefix_spreads_before_the_next_scrape() {
     let now = Instant::now();
-    let pool = fleet(scored(), vec![idle(); 4], now);
+    // Deep queues allowed, so only the scorers decide where the burst goes.
+    let config = PickerConfig {
+        saturation: Saturation {
+            queue_depth: 100,
+            ..Saturation::default()
+        },
+        ..scored()
+    };
+    let pool = fleet(config, vec![idle(); 4], now);
     let system = "Shared instructions for every request in this burst. ".repeat(30);
     let mut rng = rng();
     let mut guards = Vec::new();
@@ -346,6 +354,34 @@ fn a_burst_sharing_a_prefix_spreads_before_the_next_scrape() {
     assert_eq!(per_replica.len(), 4, "{per_replica:?}");
     let most = *per_replica.values().max().unwrap();
     assert!(most <= 24, "one replica took {most} of 64: {per_replica:?}");
+}
+
+#[test]
+fn a_burst_between_scrapes_counts_as_waiting() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); 2], now);
+    let mut rng = rng();
+    let mut guards = Vec::new();
+    let req = PickRequest::default();
+    // Each replica looked idle at its last scrape; after queue_depth (5)
+    // requests sent since then, it counts as saturated.
+    for _ in 0..10 {
+        guards.push(pool.pick(&req, now, &[], &mut rng).unwrap().acquire());
+    }
+    assert!(matches!(
+        pool.pick(&req, now, &[], &mut rng),
+        Err(PickError::Saturated { .. })
+    ));
+    // A finished request frees room at once.
+    guards.pop();
+    guards.push(pool.pick(&req, now, &[], &mut rng).unwrap().acquire());
+    // A new scrape that still shows nothing waiting resets the count.
+    observe(&pool.endpoints()[0], idle(), now);
+    for _ in 0..5 {
+        let d = pool.pick(&req, now, &[], &mut rng).unwrap();
+        assert_eq!(d.index(), 0);
+        guards.push(d.acquire());
+    }
 }
 
 #[test]

@@ -1,0 +1,423 @@
+//! The admit stage: flow control in front of the picker.
+//!
+//! When the picker finds a replica with room, the request goes straight
+//! through. When every replica is saturated, the request waits here instead
+//! of being refused: strict priority between bands, round-robin between
+//! fairness keys, FIFO within a key. A dispatcher per pool hands waiting
+//! requests a replica as soon as one has room — woken by fresh signals from
+//! a scrape or by an in-flight request finishing, never by a polling tick.
+//! Every waiting request ends in exactly one outcome: dispatched, refused
+//! with a reason, or removed because its client left.
+
+mod queue;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use config::Priority;
+use http::HeaderMap;
+use parking_lot::Mutex;
+use picker::{Decision, LoadGuard, PickError, PickRequest};
+use tokio::sync::{Notify, oneshot};
+
+use self::queue::Queue;
+use crate::error::ApiError;
+
+pub const PRIORITY_HEADER: &str = "x-infergate-priority";
+pub const FAIRNESS_HEADER: &str = "x-infergate-fairness-id";
+/// Longest fairness id kept; longer ids are cut (they only group requests).
+const MAX_FAIRNESS_ID: usize = 128;
+
+/// Why a request was not admitted; sent as `x-infergate-dropped-reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    QueueFull,
+    WaitExpired,
+    NoReplicas,
+    Saturated,
+}
+
+impl DropReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue-full",
+            DropReason::WaitExpired => "wait-expired",
+            DropReason::NoReplicas => "no-replicas",
+            DropReason::Saturated => "saturated",
+        }
+    }
+}
+
+/// A request's place in flow control: its band, its fairness key and the
+/// bytes it holds while waiting.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub band: Priority,
+    pub key: Arc<str>,
+    pub bytes: u64,
+}
+
+impl Ticket {
+    /// The band comes from the model's objective; the header may lower it,
+    /// and raise it only when the config allows.
+    pub fn from_request(
+        headers: &HeaderMap,
+        model: &str,
+        objectives: &BTreeMap<String, Priority>,
+        flow_control: &config::FlowControl,
+        bytes: u64,
+    ) -> Result<Self, ApiError> {
+        let configured = objectives.get(model).copied().unwrap_or_default();
+        let band = match headers.get(PRIORITY_HEADER) {
+            None => configured,
+            Some(v) => {
+                let asked = v.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
+                    ApiError::invalid_request(format!(
+                        "{PRIORITY_HEADER} must be critical, standard or sheddable"
+                    ))
+                })?;
+                if asked < configured && !flow_control.header_may_raise {
+                    configured
+                } else {
+                    asked
+                }
+            }
+        };
+        let key = headers
+            .get(FAIRNESS_HEADER)
+            .map(|v| {
+                let b = v.as_bytes();
+                String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)]).into_owned()
+            })
+            .unwrap_or_default();
+        Ok(Self {
+            band,
+            key: Arc::from(key),
+            bytes,
+        })
+    }
+}
+
+/// What a waiting request needs the dispatcher to pick for it.
+#[derive(Debug, Clone)]
+pub struct OwnedPick {
+    pub adapter: Option<String>,
+    pub prefix_hashes: Arc<[u64]>,
+    pub estimated_tokens: u64,
+    pub explain: bool,
+}
+
+impl OwnedPick {
+    pub fn as_request(&self) -> PickRequest<'_> {
+        PickRequest {
+            adapter: self.adapter.as_deref(),
+            prefix_hashes: &self.prefix_hashes,
+            estimated_tokens: self.estimated_tokens,
+            explain: self.explain,
+        }
+    }
+}
+
+/// A replica chosen for a request, with the request's load on it.
+pub struct Admitted {
+    pub decision: Decision,
+    pub lease: Lease,
+    pub queue_wait: Duration,
+}
+
+/// The request's share of its replica's load. When it drops (the response
+/// ended, failed, or the client left) the load is released and waiting
+/// requests get a chance at the freed room.
+pub struct Lease {
+    load: Option<LoadGuard>,
+    admission: Arc<Admission>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        drop(self.load.take());
+        self.admission.wake();
+    }
+}
+
+struct Waiter {
+    tx: oneshot::Sender<Admitted>,
+    pick: OwnedPick,
+    since: Instant,
+}
+
+/// Counters for the observability stage.
+#[derive(Debug, Default)]
+pub struct FlowStats {
+    /// Requests that waited and were dispatched.
+    pub dispatched: AtomicU64,
+    /// Refusals, in [`DropReason::ALL`] order.
+    pub refused: [AtomicU64; 4],
+    /// Requests whose client left while they waited.
+    pub abandoned: AtomicU64,
+}
+
+/// Flow control for one pool.
+pub struct Admission {
+    picker: Arc<picker::Pool>,
+    limits: config::FlowControl,
+    queue: Mutex<Queue<Waiter>>,
+    /// Waiting requests per band, readable without the lock.
+    waiting: [AtomicUsize; 3],
+    wake: Notify,
+    pub stats: FlowStats,
+}
+
+impl Admission {
+    pub fn new(picker: Arc<picker::Pool>, limits: config::FlowControl) -> Arc<Self> {
+        Arc::new(Self {
+            picker,
+            limits,
+            queue: Mutex::new(Queue::default()),
+            waiting: Default::default(),
+            wake: Notify::new(),
+            stats: FlowStats::default(),
+        })
+    }
+
+    /// Waiting requests and their bytes in `band`.
+    pub fn queued(&self, band: Priority) -> (usize, u64) {
+        let q = self.queue.lock();
+        (q.len(band), q.bytes(band))
+    }
+
+    /// Something may have freed room (new signals, a finished request).
+    pub fn wake(&self) {
+        if self.waiting.iter().any(|w| w.load(Ordering::Relaxed) > 0) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Pick a replica now, skipping `tried`; no queueing (retries use it).
+    pub fn pick_now(
+        self: &Arc<Self>,
+        pick: &PickRequest<'_>,
+        tried: &[usize],
+    ) -> Result<Admitted, PickError> {
+        let decision = self
+            .picker
+            .pick(pick, Instant::now(), tried, &mut rand::thread_rng())?;
+        let load = decision.acquire();
+        self.picker.record(decision.index(), pick.prefix_hashes);
+        Ok(Admitted {
+            decision,
+            lease: Lease {
+                load: Some(load),
+                admission: Arc::clone(self),
+            },
+            queue_wait: Duration::ZERO,
+        })
+    }
+
+    /// Admit a request: straight to a replica when one has room and nobody
+    /// of the same or a higher band is waiting; otherwise wait in line.
+    pub async fn admit(
+        self: &Arc<Self>,
+        pool_name: &str,
+        ticket: &Ticket,
+        pick: OwnedPick,
+    ) -> Result<Admitted, ApiError> {
+        let line_ahead = self.waiting[..=ticket.band as usize]
+            .iter()
+            .any(|w| w.load(Ordering::Relaxed) > 0);
+        if !line_ahead {
+            match self.pick_now(&pick.as_request(), &[]) {
+                Ok(admitted) => return Ok(admitted),
+                Err(PickError::Saturated { retry_after, .. }) => {
+                    if self
+                        .limits
+                        .band(ticket.band)
+                        .max_wait(ticket.band)
+                        .is_zero()
+                    {
+                        return Err(self.refuse(
+                            DropReason::Saturated,
+                            ApiError::saturated(pool_name, retry_after),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    return Err(self.refuse(
+                        DropReason::NoReplicas,
+                        ApiError::no_replicas(pool_name, &e.to_string()),
+                    ));
+                }
+            }
+        }
+        self.wait_in_line(pool_name, ticket, pick).await
+    }
+
+    async fn wait_in_line(
+        self: &Arc<Self>,
+        pool_name: &str,
+        ticket: &Ticket,
+        pick: OwnedPick,
+    ) -> Result<Admitted, ApiError> {
+        let limits = self.limits.band(ticket.band);
+        let max_wait = limits.max_wait(ticket.band);
+        if max_wait.is_zero() {
+            // A band that never waits cannot overtake the line either.
+            return Err(self.refuse(
+                DropReason::Saturated,
+                ApiError::saturated(pool_name, self.retry_after_estimate()),
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut q = self.queue.lock();
+            if q.len(ticket.band) >= limits.max_queued()
+                || q.bytes(ticket.band) + ticket.bytes > limits.max_queued_bytes()
+            {
+                drop(q);
+                return Err(self.refuse(
+                    DropReason::QueueFull,
+                    ApiError::queue_full(
+                        pool_name,
+                        ticket.band.as_str(),
+                        self.retry_after_estimate(),
+                    ),
+                ));
+            }
+            let waiter = Waiter {
+                tx,
+                pick,
+                since: Instant::now(),
+            };
+            let id = q.push(ticket.band, Arc::clone(&ticket.key), ticket.bytes, waiter);
+            self.waiting[ticket.band as usize].fetch_add(1, Ordering::Relaxed);
+            id
+        };
+        // Removes the entry if this future ends early: the client left, or
+        // the wait expired.
+        let place = Place {
+            admission: self,
+            ticket,
+            id,
+        };
+        self.wake.notify_one();
+        match tokio::time::timeout(max_wait, rx).await {
+            Ok(Ok(admitted)) => {
+                self.stats.dispatched.fetch_add(1, Ordering::Relaxed);
+                Ok(admitted)
+            }
+            // The dispatcher is gone: the gateway is shutting down.
+            Ok(Err(_)) => Err(ApiError::shutting_down()),
+            Err(_elapsed) => {
+                drop(place);
+                let usable = self.picker.endpoints().iter().any(|e| e.is_reachable());
+                Err(if usable {
+                    self.refuse(
+                        DropReason::WaitExpired,
+                        ApiError::wait_expired(pool_name, max_wait, self.retry_after_estimate()),
+                    )
+                } else {
+                    self.refuse(
+                        DropReason::NoReplicas,
+                        ApiError::no_replicas(pool_name, "no replica is reachable"),
+                    )
+                })
+            }
+        }
+    }
+
+    fn refuse(&self, reason: DropReason, error: ApiError) -> ApiError {
+        self.stats.refused[reason as usize].fetch_add(1, Ordering::Relaxed);
+        error.with_dropped_reason(reason.as_str())
+    }
+
+    fn retry_after_estimate(&self) -> Duration {
+        let waiting: usize = self.waiting.iter().map(|w| w.load(Ordering::Relaxed)).sum();
+        let rate = self
+            .picker
+            .drain_rate()
+            .unwrap_or_else(|| picker::drain::assumed_drain(self.picker.endpoints().len()));
+        picker::estimate_retry_after(waiting as u64, rate)
+    }
+
+    /// Hand waiting requests to replicas while the picker finds room. Runs
+    /// until the pool is dropped.
+    pub async fn dispatch_forever(self: Arc<Self>) {
+        loop {
+            self.wake.notified().await;
+            self.dispatch_ready();
+        }
+    }
+
+    fn dispatch_ready(self: &Arc<Self>) {
+        loop {
+            // Look at the head without holding the lock during the pick.
+            let (band, key_pick, id) = {
+                let mut q = self.queue.lock();
+                let Some((band, entry)) = q.head() else {
+                    return;
+                };
+                if entry.item.tx.is_closed() {
+                    // Its client left just now; take it out of line here
+                    // rather than wait for its own guard to.
+                    q.pop_head();
+                    self.waiting[band as usize].fetch_sub(1, Ordering::Relaxed);
+                    self.stats.abandoned.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                (band, entry.item.pick.clone(), entry.id)
+            };
+            let admitted = match self.pick_now(&key_pick.as_request(), &[]) {
+                Ok(admitted) => admitted,
+                // No room yet (or no replica): wait for the next wake-up.
+                Err(_) => return,
+            };
+            let waiter = {
+                let mut q = self.queue.lock();
+                match q.head() {
+                    Some((_, e)) if e.id == id => {
+                        self.waiting[band as usize].fetch_sub(1, Ordering::Relaxed);
+                        q.pop_head().map(|e| e.item)
+                    }
+                    // The head changed meanwhile; the pick is released and
+                    // the loop looks again.
+                    _ => None,
+                }
+            };
+            if let Some(waiter) = waiter {
+                let admitted = Admitted {
+                    queue_wait: waiter.since.elapsed(),
+                    ..admitted
+                };
+                // If the client has just left, dropping the admission
+                // releases the load again.
+                let _ = waiter.tx.send(admitted);
+            }
+        }
+    }
+}
+
+/// A request's place in line; leaving early removes it at once.
+struct Place<'a> {
+    admission: &'a Admission,
+    ticket: &'a Ticket,
+    id: u64,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let removed =
+            self.admission
+                .queue
+                .lock()
+                .remove(self.ticket.band, &self.ticket.key, self.id);
+        if removed.is_some() {
+            self.admission.waiting[self.ticket.band as usize].fetch_sub(1, Ordering::Relaxed);
+            self.admission
+                .stats
+                .abandoned
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! Flow control end to end: a pool driven into saturation through the
+//! metrics its replicas report, and requests of every band against it.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway::Gateway;
+use serde_json::{Value, json};
+use support::{Behaviour, FakeReplica, client, config, idle_vllm_metrics, vllm_metrics};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One replica, scored, scraped every 20 ms. `queueDepth: 1` makes the
+/// dispatcher hand out one request per freed slot, so dispatch order is
+/// observable at the replica.
+fn saturable(replica: &FakeReplica, flow: &str) -> config::InferenceGatewayConfig {
+    config(
+        &format!("  admin: {{address: \"127.0.0.1:0\"}}\n{flow}"),
+        &format!(
+            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{saturation: {{queueDepth: 1}}, metrics: {{interval: 20ms, staleAfter: 2s}}}}}}\n",
+            replica.addr
+        ),
+    )
+}
+
+/// Wait until the gateway has scraped `waiting` for the replica.
+async fn sees_waiting(gw: &Gateway, waiting: u64) {
+    let url = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let pools: Value = client()
+                .get(&url)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if pools["pools"][0]["endpoints"][0]["waiting"] == json!(waiting) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the gateway never saw the replica's metrics");
+}
+
+async fn saturate(gw: &Gateway, replica: &FakeReplica) {
+    replica.set_metrics(&vllm_metrics(3, 8, 0.5, &[]));
+    sees_waiting(gw, 3).await;
+}
+
+fn release(replica: &FakeReplica) {
+    replica.set_metrics(&idle_vllm_metrics());
+}
+
+async fn queued(gw: &Gateway, want: [usize; 3]) {
+    let mut seen = None;
+    tokio::time::timeout(DEADLINE, async {
+        while seen != Some(want) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            seen = gw.queued("p");
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("queue lengths stayed {seen:?}, expected {want:?}"));
+}
+
+/// Send a chat request in the background with the given flow headers.
+fn send(
+    gw: &Gateway,
+    id: &str,
+    band: Option<&str>,
+    key: Option<&str>,
+) -> tokio::task::JoinHandle<reqwest::Response> {
+    let mut req = client()
+        .post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("x-request-id", id)
+        .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
+    if let Some(band) = band {
+        req = req.header("x-infergate-priority", band);
+    }
+    if let Some(key) = key {
+        req = req.header("x-infergate-fairness-id", key);
+    }
+    tokio::spawn(async move { req.send().await.unwrap() })
+}
+
+fn arrival_order(replica: &FakeReplica) -> Vec<String> {
+    replica
+        .received()
+        .iter()
+        .map(|r| r.headers["x-request-id"].to_str().unwrap().to_owned())
+        .collect()
+}
+
+fn dropped_reason(resp: &reqwest::Response) -> Option<&str> {
+    resp.headers()
+        .get("x-infergate-dropped-reason")
+        .map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test]
+async fn critical_overtakes_waiting_standard_requests() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    // Clients may ask for critical themselves.
+    let flow = "  flowControl: {headerMayRaise: true}\n";
+    let gw = Gateway::start(&saturable(&replica, flow)).await.unwrap();
+    saturate(&gw, &replica).await;
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        waiting.push(send(&gw, &format!("s{i}"), None, None));
+        queued(&gw, [0, i + 1, 0]).await;
+    }
+    waiting.push(send(&gw, "c0", Some("critical"), None));
+    queued(&gw, [1, 3, 0]).await;
+    release(&replica);
+    for r in waiting {
+        assert_eq!(r.await.unwrap().status(), 200);
+    }
+    assert_eq!(arrival_order(&replica), ["c0", "s0", "s1", "s2"]);
+}
+
+#[tokio::test]
+async fn fairness_keys_alternate_while_both_are_backlogged() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
+    saturate(&gw, &replica).await;
+    let mut waiting = Vec::new();
+    // Tenant A offers ten times tenant B's load.
+    for i in 0..20 {
+        waiting.push(send(&gw, &format!("a{i}"), None, Some("tenant-a")));
+    }
+    queued(&gw, [0, 20, 0]).await;
+    for i in 0..2 {
+        waiting.push(send(&gw, &format!("b{i}"), None, Some("tenant-b")));
+    }
+    queued(&gw, [0, 22, 0]).await;
+    release(&replica);
+    for r in waiting {
+        assert_eq!(r.await.unwrap().status(), 200);
+    }
+    let order = arrival_order(&replica);
+    // Round-robin between keys: B's two requests are served among the
+    // first four, not after A's twenty.
+    let first_four = &order[..4];
+    assert_eq!(
+        first_four.iter().filter(|id| id.starts_with('b')).count(),
+        2,
+        "{order:?}"
+    );
+}
+
+#[tokio::test]
+async fn sheddable_is_refused_while_standard_waits() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
+    saturate(&gw, &replica).await;
+    let standard = send(&gw, "s", None, None);
+    queued(&gw, [0, 1, 0]).await;
+    let shed = send(&gw, "x", Some("sheddable"), None).await.unwrap();
+    assert_eq!(shed.status(), 429);
+    assert_eq!(dropped_reason(&shed), Some("saturated"));
+    let retry_after: u64 = shed.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let body: Value = shed.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    release(&replica);
+    assert_eq!(standard.await.unwrap().status(), 200);
+    assert_eq!(arrival_order(&replica), ["s"]);
+}
+
+#[tokio::test]
+async fn header_cannot_raise_a_band_unless_allowed() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "  objectives: {m: sheddable}\n"))
+        .await
+        .unwrap();
+    saturate(&gw, &replica).await;
+    // The model is sheddable; asking for critical does not help.
+    let resp = send(&gw, "x", Some("critical"), None).await.unwrap();
+    assert_eq!(resp.status(), 429);
+    assert_eq!(dropped_reason(&resp), Some("saturated"));
+
+    let allowed = saturable(
+        &replica,
+        "  objectives: {m: sheddable}\n  flowControl: {headerMayRaise: true}\n",
+    );
+    let gw = Gateway::start(&allowed).await.unwrap();
+    saturate(&gw, &replica).await;
+    let raised = send(&gw, "c", Some("critical"), None);
+    queued(&gw, [1, 0, 0]).await;
+    release(&replica);
+    assert_eq!(raised.await.unwrap().status(), 200);
+
+    let bad = send(&gw, "bad", Some("urgent"), None).await.unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test]
+async fn wait_expires_with_429_and_queue_full_is_refused() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let flow = "  flowControl: {standard: {maxWait: 300ms, maxQueued: 2}}\n";
+    let gw = Gateway::start(&saturable(&replica, flow)).await.unwrap();
+    saturate(&gw, &replica).await;
+    let first = send(&gw, "s0", None, None);
+    let second = send(&gw, "s1", None, None);
+    queued(&gw, [0, 2, 0]).await;
+    let full = send(&gw, "s2", None, None).await.unwrap();
+    assert_eq!(full.status(), 429);
+    assert_eq!(dropped_reason(&full), Some("queue-full"));
+    for waited in [first, second] {
+        let resp = waited.await.unwrap();
+        assert_eq!(resp.status(), 429);
+        assert_eq!(dropped_reason(&resp), Some("wait-expired"));
+        assert!(resp.headers().contains_key("retry-after"));
+    }
+    queued(&gw, [0, 0, 0]).await;
+    assert_eq!(replica.count(), 0);
+}
+
+#[tokio::test]
+async fn a_pool_with_no_reachable_replica_answers_503() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
+    saturate(&gw, &replica).await;
+    replica.kill();
+    let url = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let pools: Value = client()
+                .get(&url)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if pools["pools"][0]["endpoints"][0]["reachable"] == json!(false) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let resp = send(&gw, "s", None, None).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(dropped_reason(&resp), Some("no-replicas"));
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_the_queue_never_reaches_a_replica() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
+    saturate(&gw, &replica).await;
+    let leaver = send(&gw, "gone", None, None);
+    queued(&gw, [0, 1, 0]).await;
+    leaver.abort();
+    // The gateway notices the closed connection and takes it out of line.
+    queued(&gw, [0, 0, 0]).await;
+    release(&replica);
+    let stayer = send(&gw, "stays", None, None).await.unwrap();
+    assert_eq!(stayer.status(), 200);
+    assert_eq!(arrival_order(&replica), ["stays"]);
+}
+
+/// 2,000 concurrent requests of all bands against one small simulated
+/// replica whose metrics are real: every request gets exactly one answer,
+/// a success or a documented refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_gets_exactly_one_answer_per_request() {
+    let replica = sim::start_replica(
+        "127.0.0.1:0".parse().unwrap(),
+        sim::ReplicaSpec {
+            served_model_name: Some("m".into()),
+            max_num_seqs: Some(4),
+            time_scale: 50.0,
+            ..sim::ReplicaSpec::new("a10g", "llama-3.1-8b")
+        },
+    )
+    .await
+    .unwrap();
+    let cfg = config(
+        "  flowControl: {headerMayRaise: true, standard: {maxWait: 3s}, critical: {maxWait: 6s}}\n",
+        &format!(
+            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{metrics: {{interval: 20ms}}}}}}\n",
+            replica.local_addr()
+        ),
+    );
+    let gw = Arc::new(Gateway::start(&cfg).await.unwrap());
+    const N: usize = 2000;
+    let http = client();
+    let mut requests = Vec::with_capacity(N);
+    for i in 0..N {
+        let band = ["critical", "standard", "sheddable"][i % 3];
+        let req = http
+            .post(format!("http://{}/v1/chat/completions", gw.addr()))
+            .header("x-infergate-priority", band)
+            .header("x-infergate-fairness-id", format!("tenant-{}", i % 7))
+            .body(
+                json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": format!("question {i}")}]})
+                    .to_string(),
+            );
+        requests.push(tokio::spawn(async move {
+            let resp = req.send().await.expect("every request gets an HTTP answer");
+            let status = resp.status().as_u16();
+            let reason = dropped_reason(&resp).map(str::to_owned);
+            let body: Value = resp.json().await.expect("every answer is JSON");
+            (band, status, reason, body)
+        }));
+    }
+    let mut outcomes: HashMap<(&str, u16, Option<String>), usize> = HashMap::new();
+    for r in requests {
+        let (band, status, reason, body) = r.await.unwrap();
+        match status {
+            200 => assert_eq!(body["object"], "chat.completion"),
+            429 | 503 => {
+                let reason = reason.as_deref().expect("refusals say why");
+                assert!(
+                    ["saturated", "queue-full", "wait-expired", "no-replicas"].contains(&reason),
+                    "{reason}"
+                );
+                assert!(body["error"]["message"].is_string());
+            }
+            other => panic!("unexpected status {other}: {body}"),
+        }
+        *outcomes.entry((band, status, reason)).or_default() += 1;
+    }
+    eprintln!("storm outcomes: {outcomes:?}");
+    let total: usize = outcomes.values().sum();
+    assert_eq!(total, N, "{outcomes:?}");
+    let ok = |band| outcomes.get(&(band, 200, None)).copied().unwrap_or(0);
+    assert!(ok("critical") > 0 && ok("standard") > 0, "{outcomes:?}");
+    // Critical requests wait longest and go first: none is refused while
+    // lower bands are, and more of them succeed than sheddable ones.
+    assert!(ok("critical") >= ok("sheddable"), "{outcomes:?}");
+    assert_eq!(gw.queued("p"), Some([0, 0, 0]));
+}
