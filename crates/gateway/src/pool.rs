@@ -8,6 +8,7 @@ use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use crate::admit::Admission;
+use crate::telemetry::{Metrics, PoolMetrics};
 use crate::upstream::{self, UpstreamClient};
 
 pub struct PoolRuntime {
@@ -17,6 +18,8 @@ pub struct PoolRuntime {
     /// Flow control in front of the picker.
     pub admission: Arc<Admission>,
     pub client: UpstreamClient,
+    /// Metric handles resolved for this pool, its models and replicas.
+    pub metrics: PoolMetrics,
     /// One per replica; each stops its task when dropped.
     scrapers: Vec<signals::Scraper>,
     dispatcher: Option<JoinHandle<()>>,
@@ -30,6 +33,7 @@ impl PoolRuntime {
         addrs: &[String],
         timeouts: &config::Timeouts,
         flow_control: &config::FlowControl,
+        metrics: &Metrics,
     ) -> Self {
         let endpoints: Vec<Arc<Endpoint>> = addrs
             .iter()
@@ -37,9 +41,11 @@ impl PoolRuntime {
             .map(|(i, a)| Endpoint::new(i, a.clone()))
             .collect();
         let picker = Arc::new(picker::Pool::new(picker_config(spec), endpoints));
+        let admission = Admission::new(Arc::clone(&picker), flow_control.clone());
         Self {
             name: spec.name.clone(),
-            admission: Admission::new(Arc::clone(&picker), flow_control.clone()),
+            metrics: metrics.pool(spec, &picker, &admission),
+            admission,
             picker,
             client: upstream::client(spec.protocol, timeouts.connect()),
             scrapers: Vec::new(),
@@ -73,20 +79,31 @@ impl PoolRuntime {
             .map(|e| {
                 // Fresh signals may show room for requests waiting in line.
                 let admission = Arc::clone(&self.admission);
-                signals::spawn_scraper(Arc::clone(e), cfg, client.clone(), move |_| {
-                    admission.wake()
-                })
+                let metrics = self.metrics.endpoint(e);
+                signals::spawn_reporting_scraper(
+                    Arc::clone(e),
+                    cfg,
+                    client.clone(),
+                    move |_, report| {
+                        metrics.observe_scrape(report);
+                        admission.wake()
+                    },
+                )
             })
             .collect();
     }
 
-    /// Ready when at least one replica is reachable and, if the pool
-    /// scores on metrics, reports them.
+    /// Ready when at least one replica can be picked: it is reachable and,
+    /// if the pool scores on metrics, reports them — or the pool falls back
+    /// to least-request when metrics are missing, so a metrics outage does
+    /// not take the gateway out of service.
     pub fn is_ready(&self, now: Instant) -> bool {
         let config = self.picker.config();
+        let needs_metrics =
+            config.policy.uses_signals() && config.fallback == picker::Fallback::Refuse;
         self.picker.endpoints().iter().any(|e| {
             e.is_reachable()
-                && (!config.policy.uses_signals()
+                && (!needs_metrics
                     || picker::health(&e.observation.load(), now, config.stale_after)
                         == picker::Health::Healthy)
         })
