@@ -1,1 +1,26 @@
-//! placeholder
+//! The benchmark harness behind `infergate bench`: routing policies
+//! compared side by side on identical traffic and identical simulated
+//! fleets, at several loads.
+//!
+//! - [`scenario`]: the fleets and workloads (mixed-fleet, bursty,
+//!   shared-prefix, lora, uniform, fleet-scale).
+//! - [`workload`]: seeded arrivals and request contents.
+//! - [`capacity`]: what 100 % load means for a fleet.
+//! - [`policy`]: the policies compared and the gateway config of each.
+//! - [`virtual_fleet`]: the fleet in virtual time (engine model + picker).
+//! - [`live`]: the real gateway over HTTP with a load generator.
+//! - [`stats`]: per-request outcomes and their summary.
+//! - [`report`]: JSON, markdown and SVG output.
+//! - [`suite`]: one scenario, every policy, every load.
+//! - [`cli`]: the command line.
+
+pub mod capacity;
+pub mod cli;
+pub mod live;
+pub mod policy;
+pub mod report;
+pub mod scenario;
+pub mod stats;
+pub mod suite;
+pub mod virtual_fleet;
+pub mod workload;

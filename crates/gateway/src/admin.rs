@@ -1,4 +1,5 @@
-//! The admin listener: health, readiness and the state of every pool.
+//! The admin listener: health, readiness, Prometheus metrics and the state
+//! of every pool as the picker sees it.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -6,11 +7,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::body::{self, ResponseBody};
 use crate::error::ApiError;
+use crate::pool::PoolRuntime;
 use crate::state::State;
+
+/// The OpenMetrics text format; Prometheus reads it natively.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ResponseBody> {
     match (req.method(), req.uri().path()) {
@@ -23,54 +28,28 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Respo
                 plain(StatusCode::SERVICE_UNAVAILABLE, "not ready".into())
             }
         }
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(body::full(Bytes::from(state.metrics.encode())));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
+            r
+        }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
-        (_, path @ ("/healthz" | "/readyz" | "/debug/pools")) => {
+        (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools")) => {
             ApiError::method_not_allowed(req.method(), path).into_response()
         }
         (_, path) => ApiError::not_found(path).into_response(),
     }
 }
 
-/// Every pool and replica as the picker sees it right now.
+/// Every pool and replica as the picker sees it right now, with each
+/// replica's scores for a typical request.
 fn debug_pools(state: &State) -> Response<ResponseBody> {
     let now = Instant::now();
     let pools: Vec<_> = state
         .pools
         .iter()
-        .map(|pool| {
-            let cfg = pool.picker.config();
-            let endpoints: Vec<_> = pool
-                .picker
-                .endpoints()
-                .iter()
-                .map(|e| {
-                    let obs = e.observation.load();
-                    let s = obs.state.as_deref();
-                    json!({
-                        "address": e.addr,
-                        "reachable": e.is_reachable(),
-                        "health": format!("{:?}", picker::health(&obs, now, cfg.stale_after)).to_lowercase(),
-                        "lastGoodScrapeAgeMs": obs.last_good.map(|t| now.duration_since(t).as_secs_f64() * 1e3),
-                        "lastError": obs.last_error,
-                        "waiting": s.and_then(|s| s.waiting),
-                        "running": s.and_then(|s| s.running),
-                        "kvUsage": s.and_then(|s| s.kv_usage),
-                        "kvCapacityBlocks": s.and_then(|s| s.kv_capacity_blocks),
-                        "residentAdapters": s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
-                        "waitingAdapters": s.map(|s| s.waiting_adapters.clone()).unwrap_or_default(),
-                        "inflightRequests": e.load.requests(),
-                        "inflightTokens": e.load.tokens(),
-                    })
-                })
-                .collect();
-            json!({
-                "name": pool.name,
-                "engine": pool.spec.engine.as_str(),
-                "policy": format!("{:?}", cfg.policy),
-                "ready": pool.is_ready(now),
-                "endpoints": endpoints,
-            })
-        })
+        .map(|pool| pool_json(pool, now))
         .collect();
     let mut r = Response::new(body::full(Bytes::from(json!({"pools": pools}).to_string())));
     r.headers_mut().insert(
@@ -78,6 +57,134 @@ fn debug_pools(state: &State) -> Response<ResponseBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
+    let cfg = pool.picker.config();
+    let typical = typical_scores(pool, now);
+    let endpoints: Vec<_> = pool
+        .picker
+        .endpoints()
+        .iter()
+        .map(|e| {
+            let obs = e.observation.load();
+            let s = obs.state.as_deref();
+            let health = picker::health(&obs, now, cfg.stale_after);
+            let scores = typical.scores.as_ref().map(|scores| {
+                scores
+                    .iter()
+                    .find(|c| Arc::ptr_eq(&c.endpoint, e))
+                    .map_or(Value::Null, candidate_json)
+            });
+            json!({
+                "address": e.addr,
+                "reachable": e.is_reachable(),
+                "health": health.name(),
+                "stale": health != picker::Health::Healthy,
+                "lastGoodScrapeAgeMs": obs.last_good.map(|t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
+                "lastError": obs.last_error,
+                "scrapeErrors": pool.metrics.endpoint(e).scrape_errors(),
+                "waiting": s.and_then(|s| s.waiting),
+                "running": s.and_then(|s| s.running),
+                "kvUsage": s.and_then(|s| s.kv_usage),
+                "kvCapacityBlocks": s.and_then(|s| s.kv_capacity_blocks),
+                "residentAdapters": s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
+                "waitingAdapters": s.map(|s| s.waiting_adapters.clone()).unwrap_or_default(),
+                "inflightRequests": e.load.requests(),
+                "inflightTokens": e.load.tokens(),
+                // null: not a candidate for the typical request (unhealthy,
+                // stale, unreachable or saturated). Absent: the pool's
+                // policy does not score.
+                "scores": scores,
+            })
+        })
+        .collect();
+    let queued: serde_json::Map<String, Value> = config::Priority::ALL
+        .iter()
+        .map(|band| {
+            let (requests, bytes) = pool.admission.queued(*band);
+            (
+                band.as_str().to_owned(),
+                json!({"requests": requests, "bytes": bytes}),
+            )
+        })
+        .collect();
+    json!({
+        "name": pool.name,
+        "engine": pool.spec.engine.as_str(),
+        "policy": format!("{:?}", cfg.policy),
+        "ready": pool.is_ready(now),
+        "typicalRequest": {
+            "description": "no adapter, no cached prefix, the default output length",
+            "estimatedTokens": TYPICAL_TOKENS,
+            "outcome": typical.outcome,
+        },
+        "queued": queued,
+        "endpoints": endpoints,
+    })
+}
+
+/// Tokens a typical request is assumed to hold while in flight (what the
+/// parse stage estimates for a short prompt with no `max_tokens`).
+const TYPICAL_TOKENS: u64 = 256;
+
+struct Typical {
+    /// `None` when the pool's policy does not score replicas.
+    scores: Option<Vec<picker::CandidateScore>>,
+    /// What the picker would do: the chosen replica, or why it refuses.
+    outcome: String,
+}
+
+/// Score every replica for a typical request without sending one: the
+/// pick is explained and nothing is acquired or recorded.
+fn typical_scores(pool: &PoolRuntime, now: Instant) -> Typical {
+    if !pool.picker.config().policy.uses_signals() {
+        return Typical {
+            scores: None,
+            outcome: "the pool's policy does not score replicas".into(),
+        };
+    }
+    let request = picker::PickRequest {
+        adapter: None,
+        prefix_hashes: &[],
+        estimated_tokens: TYPICAL_TOKENS,
+        explain: true,
+    };
+    match pool
+        .picker
+        .pick(&request, now, &[], &mut rand::thread_rng())
+    {
+        Ok(decision) => Typical {
+            outcome: format!(
+                "{}{}",
+                decision.endpoint.addr,
+                if decision.fallback {
+                    " (least-request fallback: no replica has fresh metrics)"
+                } else {
+                    ""
+                }
+            ),
+            scores: Some(decision.scores),
+        },
+        Err(e) => Typical {
+            scores: Some(Vec::new()),
+            outcome: format!("refused: {e}"),
+        },
+    }
+}
+
+fn candidate_json(c: &picker::CandidateScore) -> Value {
+    let parts: serde_json::Map<String, Value> = picker::Scorer::ALL
+        .iter()
+        .map(|s| {
+            let name = serde_json::to_value(s)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_else(|| s.label().to_owned());
+            (name, json!(c.part(*s)))
+        })
+        .collect();
+    json!({"total": c.total, "parts": parts})
 }
 
 fn plain(status: StatusCode, text: String) -> Response<ResponseBody> {

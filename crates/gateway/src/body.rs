@@ -100,6 +100,10 @@ impl ProxiedBody {
                 if let Some(data) = frame.data_ref() {
                     self.record.on_data(data);
                 }
+                // A body of known length is not polled past its last byte.
+                if self.inner.is_end_stream() {
+                    self.record.on_end();
+                }
                 self.last_frame = Instant::now();
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -14,6 +14,7 @@ mod routes;
 mod server;
 mod simulated;
 mod state;
+pub mod telemetry;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -50,6 +51,7 @@ impl Gateway {
         let spec = &config.spec;
         let mut fleets = Vec::new();
         let mut pools = Vec::new();
+        let metrics = telemetry::Metrics::new();
         for pool_spec in &spec.pools {
             let addrs = match &pool_spec.simulated {
                 Some(sim) => {
@@ -60,11 +62,17 @@ impl Gateway {
                 }
                 None => pool_spec.endpoints.clone(),
             };
-            let mut pool = PoolRuntime::new(pool_spec, &addrs, &spec.timeouts, &spec.flow_control);
+            let mut pool = PoolRuntime::new(
+                pool_spec,
+                &addrs,
+                &spec.timeouts,
+                &spec.flow_control,
+                &metrics,
+            );
             pool.start(spec.timeouts.connect());
             pools.push(pool);
         }
-        let state = Arc::new(State::new(spec, pools));
+        let state = Arc::new(State::new(spec, pools, metrics));
 
         let (stop, stop_rx) = watch::channel(false);
         let graceful = Arc::new(GracefulShutdown::new());

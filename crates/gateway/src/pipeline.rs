@@ -13,7 +13,8 @@
 //!    admission for requests that go straight through and for waiters
 //! 8. forward — proxy to the replica, retrying other replicas only before
 //!    any response byte; stream the answer back
-//! 9. record — access log and load release, when the response body ends
+//! 9. record — metrics, access log and load release, when the response
+//!    body ends (record.rs); each stage above runs in its own span
 
 use std::sync::Arc;
 
@@ -22,6 +23,7 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::admit::{OwnedPick, Ticket};
 use crate::body::{self, ProxiedBody, ResponseBody};
@@ -30,6 +32,7 @@ use crate::pool::PoolRuntime;
 use crate::record::Record;
 use crate::request::InferenceRequest;
 use crate::state::State;
+use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, REQUEST_ID};
 
 const X_POOL: &str = "x-infergate-pool";
@@ -50,8 +53,18 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Respo
             ApiError::method_not_allowed(req.method(), req.uri().path()).into_response()
         }
         (&Method::POST, path) if path.starts_with("/v1/") => {
-            let record = Record::new(request_id.to_str().unwrap_or("-").to_owned(), start);
-            infer(&state, req, record, &request_id).await
+            let span = telemetry::request_span(req.method(), path, &request_id);
+            // Before the span is first entered: it may join the caller's trace.
+            let (trace, traceparent) = trace_context::upstream(req.headers(), &span);
+            let mut record = Record::new(
+                request_id.to_str().unwrap_or("-").to_owned(),
+                start,
+                span.clone(),
+            );
+            record.trace_id = Some(trace.trace_id);
+            infer(&state, req, record, &request_id, &traceparent)
+                .instrument(span)
+                .await
         }
         (_, path) if path.starts_with("/v1/") => {
             let mut r = ApiError::method_not_allowed(req.method(), path).into_response();
@@ -71,6 +84,7 @@ async fn infer(
     req: Request<Incoming>,
     mut record: Record,
     request_id: &HeaderValue,
+    traceparent: &HeaderValue,
 ) -> Response<ResponseBody> {
     if state.is_shutting_down() {
         return refuse(record, ApiError::shutting_down());
@@ -86,7 +100,7 @@ async fn infer(
     // 2. authenticate: no authentication configured.
 
     // 3. parse
-    let request = match InferenceRequest::parse(&body) {
+    let request = match stage_span!("parse").in_scope(|| InferenceRequest::parse(&body)) {
         Ok(r) => r,
         Err(e) => return refuse(record, e),
     };
@@ -94,12 +108,18 @@ async fn infer(
     record.stream = request.stream;
 
     // 4. route
-    let route = match state.routes.resolve(&request.model) {
+    let route = match stage_span!("route").in_scope(|| state.routes.resolve(&request.model)) {
         Ok(route) => route,
-        Err(e) => return refuse(record, e),
+        Err(e) => {
+            record.routed(state.metrics.unrouted());
+            return refuse(record, e);
+        }
     };
     let pool = &state.pools[route.pool];
     record.pool = Some(pool.name.clone());
+    if let Some(metrics) = pool.metrics.route(&request.model) {
+        record.routed(metrics);
+    }
 
     // 5. authorize: every caller may use every model until tenants exist.
 
@@ -124,40 +144,52 @@ async fn infer(
         estimated_tokens: request.estimated_tokens,
         explain: state.debug.decision_headers,
     };
+    let admit_started = Instant::now();
     let mut admitted = match pool
         .admission
         .admit(&pool.name, &ticket, pick.clone())
+        .instrument(stage_span!("admit", priority = ticket.band.as_str()))
         .await
     {
         Ok(a) => a,
         Err(e) => return refuse(record, e),
     };
+    if admitted.queue_wait.is_zero() {
+        // Went straight through: the admit stage was just the pick.
+        pool.metrics.observe_pick(admit_started.elapsed());
+    }
+    record.admitted(ticket.band, admitted.queue_wait);
 
     // 8. forward, retrying other replicas before any byte.
     let mut tried: Vec<usize> = Vec::new();
     loop {
         let decision = &admitted.decision;
         let endpoint = Arc::clone(&decision.endpoint);
+        pool.metrics.count_decision(decision);
         record.endpoint = Some(endpoint.addr.clone());
-        record.decision = decision.top.map(|t| match t.runner_up {
-            Some(r) => format!("{:.3} vs {r:.3}", t.winner),
-            None => format!("{:.3} alone", t.winner),
-        });
+        record.decision = decision.top;
         if decision.fallback {
             tracing::warn!(pool = %pool.name, endpoint = %endpoint.addr,
                 "no replica has fresh metrics; picked by least-request");
         }
 
-        let upstream_req = upstream::request(&parts, &endpoint.addr, body.clone(), request_id);
+        let upstream_req = upstream::request(
+            &parts,
+            &endpoint.addr,
+            body.clone(),
+            request_id,
+            traceparent,
+        );
         let sent = tokio::time::timeout(
             state.timeouts.first_byte(),
             pool.client.request(upstream_req),
         )
+        .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
         match sent {
             Ok(Ok(resp)) => {
                 let (mut head, incoming) = resp.into_parts();
-                record.status = head.status.as_u16();
+                record.on_response(head.status, &head.headers);
                 strip_hop_by_hop(&mut head.headers);
                 if state.debug.decision_headers {
                     decision_headers(&mut head.headers, pool, &endpoint.addr, decision);
@@ -183,7 +215,10 @@ async fn infer(
                     );
                 }
                 record.retries += 1;
-                admitted = match pool.admission.pick_now(&pick.as_request(), &tried) {
+                let pick_started = Instant::now();
+                let picked = pool.admission.pick_now(&pick.as_request(), &tried);
+                pool.metrics.observe_pick(pick_started.elapsed());
+                admitted = match picked {
                     Ok(a) => a,
                     Err(e) => return refuse(record, pick_error(&pool.name, e)),
                 };
@@ -201,8 +236,7 @@ fn pick_error(pool: &str, e: picker::PickError) -> ApiError {
 }
 
 fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
-    record.status = error.status.as_u16();
-    record.on_error(&error.message);
+    record.refused(&error);
     error.into_response()
 }
 

@@ -1,18 +1,36 @@
-//! The record stage: what happened to one request, written once as an
-//! access-log line when the request is over.
+//! The record stage: what happened to one request, counted in the metrics
+//! and written once as an access-log line when the request is over.
 //!
 //! A [`Record`] travels with the request. When the answer is a gateway error
 //! it is dropped at the end of the pipeline; when the answer is streamed
 //! from a replica it moves into the response body and is dropped when the
-//! stream ends, so TTFT and duration cover what the client actually saw.
+//! stream ends, so TTFT, inter-token times and duration cover what the
+//! client actually saw. The request's span lives in the record too, so a
+//! trace covers the whole response.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
+use config::Priority;
+use http::{HeaderMap, StatusCode, header};
+use picker::TopScores;
 use tokio::time::Instant;
+
+use crate::error::ApiError;
+use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
+use crate::telemetry::trace_context::TraceId32;
+use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
+
+/// Status recorded when the client left before any response was produced
+/// (nginx's convention; no response carries it).
+pub const CLIENT_CLOSED: u16 = 499;
 
 #[derive(Debug)]
 pub struct Record {
     pub request_id: String,
+    /// The authenticated caller, once authentication exists.
+    pub tenant: Option<String>,
     pub model: Option<String>,
     pub pool: Option<String>,
     pub endpoint: Option<String>,
@@ -20,16 +38,33 @@ pub struct Record {
     pub stream: bool,
     pub retries: u32,
     /// Winner's and runner-up's scores, when the pool scores replicas.
-    pub decision: Option<String>,
+    pub decision: Option<TopScores>,
+    /// Flow-control band of the request, once admission has judged it.
+    pub priority: Option<Priority>,
+    /// Time spent waiting in flow control (zero when admitted at once).
+    pub queue_wait: Option<Duration>,
+    /// Trace id of the context sent to the replica.
+    pub trace_id: Option<u128>,
+    /// The route's metric handles; set once the request reached routing.
+    metrics: Option<Arc<RouteMetrics>>,
+    span: tracing::Span,
     start: Instant,
-    first_byte: Option<Instant>,
+    /// Set for a successful response from a replica.
+    meter: Option<ResponseMeter>,
+    clock: EventClock,
+    ttft: Option<Duration>,
+    usage: Option<Usage>,
+    refusal: Option<&'static str>,
+    /// The response body reached its end.
+    finished: bool,
     error: Option<String>,
 }
 
 impl Record {
-    pub fn new(request_id: String, start: Instant) -> Self {
+    pub fn new(request_id: String, start: Instant, span: tracing::Span) -> Self {
         Self {
             request_id,
+            tenant: None,
             model: None,
             pool: None,
             endpoint: None,
@@ -37,15 +72,77 @@ impl Record {
             stream: false,
             retries: 0,
             decision: None,
+            priority: None,
+            queue_wait: None,
+            trace_id: None,
+            metrics: None,
+            span,
             start,
-            first_byte: None,
+            meter: None,
+            clock: EventClock::default(),
+            ttft: None,
+            usage: None,
+            refusal: None,
+            finished: false,
             error: None,
         }
     }
 
-    pub fn on_data(&mut self, _data: &[u8]) {
-        if self.first_byte.is_none() {
-            self.first_byte = Some(Instant::now());
+    /// The request reached routing; `metrics` are its route's handles (the
+    /// unrouted ones when no pool serves the model).
+    pub fn routed(&mut self, metrics: Arc<RouteMetrics>) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Flow control let the request through after `waited`.
+    pub fn admitted(&mut self, band: Priority, waited: Duration) {
+        self.priority = Some(band);
+        self.queue_wait = Some(waited);
+        if let Some(m) = &self.metrics {
+            m.observe_queue_wait(band, waited);
+        }
+    }
+
+    /// The gateway answers with `error` itself.
+    pub fn refused(&mut self, error: &ApiError) {
+        self.status = error.status.as_u16();
+        self.refusal = Some(refusal_reason(error));
+        self.on_error(&error.message);
+    }
+
+    /// A replica's response head arrived and is passed on.
+    pub fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) {
+        self.status = status.as_u16();
+        if status.is_success() {
+            let sse = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            self.meter = Some(ResponseMeter::new(sse));
+        }
+    }
+
+    pub fn on_data(&mut self, data: &[u8]) {
+        let Some(meter) = &mut self.meter else {
+            return;
+        };
+        let events = meter.on_frame(data).count;
+        if events == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let metrics = self.metrics.as_deref();
+        self.clock.tick(events, now, |gap| {
+            if let Some(m) = metrics {
+                m.observe_inter_token(gap);
+            }
+        });
+        if self.ttft.is_none() {
+            let ttft = now.saturating_duration_since(self.start);
+            self.ttft = Some(ttft);
+            if let Some(m) = metrics {
+                m.observe_ttft(ttft);
+            }
         }
     }
 
@@ -53,29 +150,111 @@ impl Record {
         self.error.get_or_insert_with(|| error.to_owned());
     }
 
-    pub fn on_end(&mut self) {}
-
-    pub fn ttft(&self) -> Option<Duration> {
-        self.first_byte.map(|t| t - self.start)
+    /// The body is complete; may be called more than once.
+    pub fn on_end(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let Some(meter) = &self.meter else {
+            return;
+        };
+        // A whole body is the first token of a non-streamed answer.
+        if !meter.is_sse() && self.ttft.is_none() {
+            let ttft = self.start.elapsed();
+            self.ttft = Some(ttft);
+            if let Some(m) = &self.metrics {
+                m.observe_ttft(ttft);
+            }
+        }
+        self.usage = meter.usage();
     }
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
         let duration = self.start.elapsed();
+        let status = match self.status {
+            0 => {
+                self.on_error("the client closed the request before the response started");
+                CLIENT_CLOSED
+            }
+            s => s,
+        };
+        if self.meter.is_some() && !self.finished && self.error.is_none() {
+            self.on_error("the client closed the connection before the response ended");
+        }
+        let usage = self.usage.unwrap_or_default();
+        if let Some(m) = &self.metrics {
+            m.count_request(status);
+            m.observe_duration(duration);
+            m.count_retries(self.retries);
+            m.count_tokens(usage.prompt_tokens, usage.completion_tokens);
+            if let Some(reason) = self.refusal {
+                m.count_refusal(reason);
+            }
+        }
+        let span = &self.span;
+        if !span.is_disabled() {
+            span.record("http.response.status_code", status);
+            span.record("gen_ai.request.model", self.model.as_deref());
+            span.record("infergate.pool", self.pool.as_deref());
+            span.record("infergate.endpoint", self.endpoint.as_deref());
+            span.record("infergate.retries", self.retries);
+            if let Some(error) = &self.error {
+                span.record("error.message", error.as_str());
+            }
+        }
         tracing::info!(
-            target: "infergate::access",
+            target: ACCESS_TARGET,
+            parent: span,
             request_id = %self.request_id,
-            model = self.model.as_deref().unwrap_or("-"),
-            pool = self.pool.as_deref().unwrap_or("-"),
-            endpoint = self.endpoint.as_deref().unwrap_or("-"),
-            status = self.status,
+            tenant = self.tenant.as_deref(),
+            model = self.model.as_deref(),
+            pool = self.pool.as_deref(),
+            endpoint = self.endpoint.as_deref(),
+            status,
             stream = self.stream,
-            ttft_ms = self.ttft().map(|d| d.as_secs_f64() * 1e3),
-            duration_ms = duration.as_secs_f64() * 1e3,
+            priority = self.priority.map(Priority::as_str),
+            ttft_ms = self.ttft.map(millis),
+            duration_ms = millis(duration),
+            prompt_tokens = usage.prompt_tokens,
+            completion_tokens = usage.completion_tokens,
+            queue_wait_ms = self.queue_wait.map(millis),
             retries = self.retries,
-            decision = self.decision.as_deref(),
+            decision = self.decision.map(DecisionSummary).map(tracing::field::display),
+            trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
             error = self.error.as_deref(),
         );
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    // Microsecond precision: enough for latencies, and no float noise.
+    d.as_micros() as f64 / 1e3
+}
+
+/// `0.812 vs 0.640`: the winner's score and the runner-up's.
+#[derive(Debug, Clone, Copy)]
+struct DecisionSummary(TopScores);
+
+impl fmt::Display for DecisionSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.runner_up {
+            Some(r) => write!(f, "{:.3} vs {r:.3}", self.0.winner),
+            None => write!(f, "{:.3} alone", self.0.winner),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_summary() {
+        let s = |winner, runner_up| DecisionSummary(TopScores { winner, runner_up }).to_string();
+        assert_eq!(s(0.8126, Some(0.64)), "0.813 vs 0.640");
+        assert_eq!(s(1.0, None), "1.000 alone");
     }
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::pool::PoolRuntime;
 use crate::routes::ModelTable;
+use crate::telemetry::Metrics;
 
 pub struct State {
     pub pools: Vec<PoolRuntime>,
@@ -14,11 +15,12 @@ pub struct State {
     pub debug: config::Debug,
     pub objectives: std::collections::BTreeMap<String, config::Priority>,
     pub flow_control: config::FlowControl,
+    pub metrics: Metrics,
     shutting_down: AtomicBool,
 }
 
 impl State {
-    pub fn new(config: &config::Spec, pools: Vec<PoolRuntime>) -> Self {
+    pub fn new(config: &config::Spec, pools: Vec<PoolRuntime>, metrics: Metrics) -> Self {
         Self {
             routes: ModelTable::new(&config.pools),
             pools,
@@ -27,6 +29,7 @@ impl State {
             debug: config.debug.clone(),
             objectives: config.objectives.clone(),
             flow_control: config.flow_control.clone(),
+            metrics,
             shutting_down: AtomicBool::new(false),
         }
     }

@@ -11,6 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use crate::telemetry::trace_context::TRACEPARENT;
+
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -66,12 +68,14 @@ pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
 }
 
 /// The request sent to `addr`: same method, path, query and end-to-end
-/// headers, the body byte for byte, and the gateway's request id.
+/// headers, the body byte for byte, the gateway's request id and the trace
+/// context for the replica (see [`crate::telemetry::trace_context`]).
 pub fn request(
     parts: &http::request::Parts,
     addr: &str,
     body: Bytes,
     request_id: &HeaderValue,
+    traceparent: &HeaderValue,
 ) -> Request<Full<Bytes>> {
     let path = parts
         .uri
@@ -87,6 +91,7 @@ pub fn request(
     let headers = req.headers_mut();
     copy_headers(&parts.headers, headers);
     headers.insert(REQUEST_ID, request_id.clone());
+    headers.insert(TRACEPARENT, traceparent.clone());
     req
 }
 
@@ -109,5 +114,36 @@ mod tests {
         copy_headers(&from, &mut to);
         assert_eq!(to.len(), 1);
         assert_eq!(to[header::AUTHORIZATION], "Bearer t");
+    }
+
+    #[test]
+    fn the_replica_gets_the_request_id_and_trace_context() {
+        let mut incoming = Request::post("/v1/chat/completions?x=1")
+            .header(
+                TRACEPARENT,
+                "00-11111111111111111111111111111111-2222222222222222-01",
+            )
+            .header("tracestate", "vendor=1")
+            .body(())
+            .unwrap();
+        incoming
+            .headers_mut()
+            .insert(header::HOST, HeaderValue::from_static("gw"));
+        let (parts, ()) = incoming.into_parts();
+        let ours = "00-11111111111111111111111111111111-3333333333333333-01";
+        let req = request(
+            &parts,
+            "10.0.0.1:8000",
+            Bytes::from_static(b"{}"),
+            &HeaderValue::from_static("req-1"),
+            &HeaderValue::from_static(ours),
+        );
+        assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
+        let headers = req.headers();
+        assert_eq!(headers[REQUEST_ID], "req-1");
+        assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
+        assert_eq!(headers[TRACEPARENT], ours);
+        assert_eq!(headers["tracestate"], "vendor=1");
+        assert!(headers.get(header::HOST).is_none());
     }
 }

@@ -54,11 +54,25 @@ enum Command {
     },
     /// Run simulated model servers (vLLM-compatible API and /metrics).
     Sim(sim::cli::SimArgs),
+    /// Compare routing policies on simulated fleets.
+    Bench(bench::cli::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    let log_format = cli.log_format;
+    // `serve` sets logging up once its config is read: the config may ask
+    // for a JSON access log or trace export.
+    let _logging = match &cli.command {
+        Command::Serve { .. } => None,
+        _ => match init_logging(log_format, &config::Telemetry::default()) {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -69,9 +83,10 @@ fn main() -> ExitCode {
                 config,
                 listen,
                 admin_listen,
-            } => serve(config, listen, admin_listen).await,
+            } => serve(log_format, config, listen, admin_listen).await,
             Command::Check { config } => Ok(check(&config)),
             Command::Sim(args) => sim::cli::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Bench(args) => bench::cli::run(args).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
@@ -98,6 +113,7 @@ fn check(path: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(
+    log_format: LogFormat,
     path: Option<PathBuf>,
     listen: Option<String>,
     admin_listen: Option<String>,
@@ -114,6 +130,7 @@ async fn serve(
         config.spec.admin = Some(config::Admin { address });
     }
     let config = config::validated(config)?;
+    let telemetry = init_logging(log_format, &config.spec.telemetry)?;
     let gateway = gateway::Gateway::start(&config).await?;
     if demo {
         print_demo_banner(&gateway, &config);
@@ -121,6 +138,7 @@ async fn serve(
     wait_for_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     let drained = gateway.shutdown().await;
+    telemetry.shutdown().await;
     Ok(if drained {
         ExitCode::SUCCESS
     } else {
@@ -168,15 +186,16 @@ async fn wait_for_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-fn init_logging(format: LogFormat) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("INFERGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+/// Logs on stderr in `format` (filter from `INFERGATE_LOG`, default
+/// `info`), the access log and trace export as `telemetry` says. Keep the
+/// guard while the process runs.
+fn init_logging(
+    format: LogFormat,
+    telemetry: &config::Telemetry,
+) -> anyhow::Result<gateway::telemetry::TelemetryGuard> {
+    let format = match format {
+        LogFormat::Text => config::LogFormat::Text,
+        LogFormat::Json => config::LogFormat::Json,
+    };
+    gateway::telemetry::init(format, telemetry)
 }

@@ -13,4 +13,7 @@ pub mod scrape;
 pub use dialect::{Dialect, UnknownDialect};
 pub use health::{Health, health};
 pub use prom::ParseError;
-pub use scrape::{ScrapeClient, ScrapeConfig, ScrapeError, Scraper, spawn_scraper};
+pub use scrape::{
+    ScrapeClient, ScrapeConfig, ScrapeError, ScrapeReport, Scraper, spawn_reporting_scraper,
+    spawn_scraper,
+};

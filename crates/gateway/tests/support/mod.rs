@@ -38,6 +38,8 @@ pub enum Behaviour {
     /// An SSE stream whose events the test sends through the channel handed
     /// out by [`FakeReplica::next_stream`].
     Stream,
+    /// This status and this JSON body, every time.
+    Reply(StatusCode, String),
 }
 
 /// How a fake replica's `/metrics` misbehaves.
@@ -213,6 +215,12 @@ impl Ctx {
             Behaviour::Held(gate) => {
                 gate.acquire().await.unwrap().forget();
                 self.echo()
+            }
+            Behaviour::Reply(status, body) => {
+                let mut r = full(*status, body.clone());
+                r.headers_mut()
+                    .insert("content-type", "application/json".parse().unwrap());
+                r
             }
             Behaviour::Stream => {
                 let (tx, rx) = mpsc::channel::<Bytes>(16);

@@ -1,7 +1,8 @@
 //! The scrape loop: one task per replica, so a hanging replica never delays
 //! the others. Each tick fetches `/metrics` (or, for [`Dialect::None`],
 //! only opens a TCP connection), stores a new [`Observation`] in the
-//! endpoint and tells the gateway through `on_update`.
+//! endpoint and tells the gateway through `on_update` (or `on_scrape`, which
+//! also gets the scrape's duration and outcome).
 
 mod client;
 mod error;
@@ -67,7 +68,32 @@ pub fn spawn_scraper(
     client: ScrapeClient,
     on_update: impl Fn(&Endpoint) + Send + Sync + 'static,
 ) -> Scraper {
-    let task = tokio::spawn(run(endpoint, cfg, client, on_update));
+    spawn_reporting_scraper(endpoint, cfg, client, move |endpoint, _| {
+        on_update(endpoint)
+    })
+}
+
+/// How one scrape went, for the gateway's own metrics about scraping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScrapeReport {
+    /// From the start of the request (or probe) to the stored observation.
+    pub duration: Duration,
+    pub failed: bool,
+}
+
+/// [`spawn_scraper`], with `on_scrape` also told how long each scrape
+/// took and whether it failed.
+///
+/// # Panics
+///
+/// When called outside a Tokio runtime.
+pub fn spawn_reporting_scraper(
+    endpoint: Arc<Endpoint>,
+    cfg: ScrapeConfig,
+    client: ScrapeClient,
+    on_scrape: impl Fn(&Endpoint, ScrapeReport) + Send + Sync + 'static,
+) -> Scraper {
+    let task = tokio::spawn(run(endpoint, cfg, client, on_scrape));
     Scraper { task }
 }
 
@@ -75,7 +101,7 @@ async fn run(
     endpoint: Arc<Endpoint>,
     cfg: ScrapeConfig,
     client: ScrapeClient,
-    on_update: impl Fn(&Endpoint),
+    on_scrape: impl Fn(&Endpoint, ScrapeReport),
 ) {
     let target = if cfg.dialect.has_metrics() {
         match client::metrics_uri(&endpoint.addr) {
@@ -83,7 +109,11 @@ async fn run(
             Err(err) => {
                 tracing::error!(endpoint = %endpoint.addr, error = %err, "replica cannot be scraped");
                 record(&endpoint, Err(err), Instant::now());
-                on_update(&endpoint);
+                let report = ScrapeReport {
+                    duration: Duration::ZERO,
+                    failed: true,
+                };
+                on_scrape(&endpoint, report);
                 return;
             }
         }
@@ -97,6 +127,7 @@ async fn run(
     let mut failing = false;
     loop {
         ticker.tick().await;
+        let started = Instant::now();
         let outcome = match &target {
             Some(uri) => tokio::time::timeout(cfg.timeout, scrape(&client, uri, cfg.dialect))
                 .await
@@ -106,8 +137,14 @@ async fn run(
                 .map(|()| EngineState::default()),
         };
         log_transition(&endpoint, &outcome, &mut failing);
-        record(&endpoint, outcome, Instant::now());
-        on_update(&endpoint);
+        let failed = outcome.is_err();
+        let now = Instant::now();
+        record(&endpoint, outcome, now);
+        let report = ScrapeReport {
+            duration: now.duration_since(started),
+            failed,
+        };
+        on_scrape(&endpoint, report);
     }
 }
 

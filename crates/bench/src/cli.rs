@@ -1,0 +1,125 @@
+//! `infergate bench`: compare routing policies on simulated fleets.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+
+use crate::live::GatewayLauncher;
+use crate::policy;
+use crate::scenario::{self, RunLength, Size};
+use crate::suite::{self, Mode, SuiteOptions};
+
+/// Compare routing policies (round-robin, least-request, scored, presets)
+/// on identical requests and an identical simulated fleet, at several
+/// loads. Prints a markdown table per scenario on stdout, progress on
+/// stderr.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Scenario: mixed-fleet, bursty, shared-prefix, lora, uniform,
+    /// fleet-scale (virtual mode only), or all (the first five).
+    #[arg(long)]
+    pub scenario: String,
+    /// live: the real gateway over HTTP in front of simulated replicas;
+    /// virtual: the same engine model and picker in virtual time.
+    #[arg(long, value_enum, default_value_t = Mode::Live)]
+    pub mode: Mode,
+    /// Small runs (two loads, short traffic) that finish in about a minute.
+    #[arg(long)]
+    pub quick: bool,
+    /// Write NAME.json, NAME.md and NAME.svg for each scenario here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Seed of the requests and arrivals; the same seed gives every policy
+    /// the same traffic.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Policies to compare: round-robin, least-request, random, scored,
+    /// or a weight preset (latency, throughput, or scored:PRESET).
+    /// Round-robin is always included as the baseline.
+    #[arg(long, default_value = "round-robin,least-request,scored")]
+    pub policies: String,
+    /// Offered loads as fractions of the estimated capacity, e.g. 0.5,0.8.
+    #[arg(long, value_delimiter = ',')]
+    pub loads: Option<Vec<f64>>,
+    /// Simulated seconds of arrivals per run (instead of the scenario's).
+    #[arg(long, conflicts_with = "requests")]
+    pub duration: Option<f64>,
+    /// Requests per run (instead of the scenario's length).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Replicas in the fleet (GPU types keep alternating as in the scenario).
+    #[arg(long)]
+    pub replicas: Option<usize>,
+    /// Simulated seconds a client waits for a complete answer.
+    #[arg(long, default_value_t = 60.0)]
+    pub client_timeout: f64,
+    /// Live mode: engine seconds per wall second of the replicas (default:
+    /// chosen so the token stream stays within what this machine can
+    /// carry without distorting the measurement).
+    #[arg(long)]
+    pub time_scale: Option<f64>,
+    /// Live mode: the gateway to run, `BINARY` (started as `BINARY serve`)
+    /// or `in-process`. Default: this infergate executable.
+    #[arg(long, value_name = "BINARY|in-process")]
+    pub gateway: Option<String>,
+}
+
+impl BenchArgs {
+    /// The suite options these arguments describe.
+    pub fn options(&self) -> anyhow::Result<SuiteOptions> {
+        let size = if self.quick { Size::Quick } else { Size::Full };
+        let mut options = SuiteOptions::new(self.mode, size, self.seed);
+        options.policies = policy::parse_list(&self.policies)?;
+        options.loads = self.loads.clone();
+        options.length = match (self.duration, self.requests) {
+            (Some(seconds), _) => Some(RunLength::Seconds(seconds)),
+            (None, Some(requests)) => Some(RunLength::Requests(requests)),
+            (None, None) => None,
+        };
+        options.replicas = self.replicas;
+        if !(self.client_timeout.is_finite() && self.client_timeout > 0.0) {
+            bail!("--client-timeout must be a positive number of seconds");
+        }
+        options.client_timeout = self.client_timeout;
+        if let Some(scale) = self.time_scale
+            && !(scale.is_finite() && scale > 0.0)
+        {
+            bail!("--time-scale must be positive");
+        }
+        options.time_scale = self.time_scale;
+        options.gateway = match self.gateway.as_deref() {
+            Some("in-process") => GatewayLauncher::InProcess,
+            Some(binary) => GatewayLauncher::Binary(PathBuf::from(binary)),
+            None => GatewayLauncher::Binary(
+                std::env::current_exe().context("locating the infergate executable")?,
+            ),
+        };
+        Ok(options)
+    }
+}
+
+/// Run the scenarios: each one's table goes to stdout as soon as it is
+/// done, and to `--out` if given.
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let options = args.options()?;
+    let names = scenario::expand(&args.scenario)?;
+    // Refuse a bad combination before spending minutes on the others.
+    for name in &names {
+        suite::scenario(name, &options)?;
+    }
+    for name in names {
+        let report = suite::run_scenario(name, &options).await?;
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{}", report.markdown())?;
+        stdout.flush()?;
+        if let Some(dir) = &args.out {
+            report.write(dir)?;
+            eprintln!(
+                "[{name}] wrote {0}/{name}.json, {0}/{name}.md, {0}/{name}.svg",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}

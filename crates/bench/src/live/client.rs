@@ -1,0 +1,258 @@
+//! The load generator: open-loop arrivals, one streaming chat request each,
+//! measured from the client's side of the socket.
+//!
+//! Each request is sent at its planned instant whether or not earlier ones
+//! have finished (open loop), and its latencies are measured from that
+//! planned instant, so a late sender cannot hide queueing. TTFT ends at the
+//! first SSE data event; the last token is the last data event before the
+//! usage chunk; token and cache counts come from the final `usage` chunk.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::stats::Outcome;
+
+/// One request to send: when (simulated seconds from the start) and what.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub at: f64,
+    pub body: Bytes,
+}
+
+/// Sends requests and measures them.
+#[derive(Debug, Clone)]
+pub struct LoadGenerator {
+    client: reqwest::Client,
+    url: Arc<str>,
+    /// Engine seconds per wall second.
+    time_scale: f64,
+    /// Simulated seconds a client waits for a complete answer.
+    timeout: f64,
+}
+
+impl LoadGenerator {
+    /// `url` is the chat-completions endpoint.
+    pub fn new(url: &str, time_scale: f64, timeout: f64) -> anyhow::Result<Self> {
+        let client = reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .http1_only()
+            .pool_max_idle_per_host(usize::MAX)
+            .build()?;
+        Ok(LoadGenerator {
+            client,
+            url: Arc::from(url),
+            time_scale,
+            timeout,
+        })
+    }
+
+    fn wall(&self, simulated: f64) -> Duration {
+        Duration::from_secs_f64(simulated / self.time_scale)
+    }
+
+    /// Send every request at its time; return the outcomes in plan order.
+    pub async fn run(&self, plan: Vec<Planned>) -> Vec<Outcome> {
+        let start = Instant::now();
+        let mut tasks = Vec::with_capacity(plan.len());
+        for request in plan {
+            let due = start + self.wall(request.at);
+            tokio::time::sleep_until(due).await;
+            let this = self.clone();
+            tasks.push(tokio::spawn(async move {
+                this.one(request.at, due, request.body).await
+            }));
+        }
+        let mut outcomes = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            outcomes.push(task.await.unwrap_or_else(|_| Outcome::failed(f64::NAN)));
+        }
+        outcomes
+    }
+
+    /// One request, sent at `due` (wall) = `arrival` (simulated).
+    async fn one(&self, arrival: f64, due: Instant, body: Bytes) -> Outcome {
+        let mut progress = Progress::default();
+        let deadline = due + self.wall(self.timeout);
+        let exchange = self.exchange(body, &mut progress);
+        let ended = tokio::time::timeout_at(deadline, exchange).await;
+        let since = |t: Instant| t.duration_since(due).as_secs_f64() * self.time_scale;
+        let ttft = progress.first_event.map(since);
+        match ended {
+            Err(_elapsed) => Outcome::timed_out(arrival, ttft),
+            Ok(Ending::Rejected) => Outcome::rejected(arrival),
+            Ok(Ending::Failed) => Outcome::failed(arrival),
+            Ok(Ending::Done(usage)) => match (ttft, progress.last_token) {
+                (Some(ttft), Some(last)) => Outcome::completed(
+                    arrival,
+                    ttft,
+                    since(last),
+                    usage.completion_tokens,
+                    usage.prompt_tokens,
+                    usage
+                        .prompt_tokens_details
+                        .map_or(0, |details| details.cached_tokens),
+                ),
+                _ => Outcome::failed(arrival),
+            },
+        }
+    }
+
+    async fn exchange(&self, body: Bytes, progress: &mut Progress) -> Ending {
+        let response = self
+            .client
+            .post(&*self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await;
+        let response = match response {
+            Ok(r) => r,
+            Err(_) => return Ending::Failed,
+        };
+        match response.status().as_u16() {
+            200 => {}
+            429 => return Ending::Rejected,
+            _ => return Ending::Failed,
+        }
+        let mut stream = response.bytes_stream();
+        let mut buffer = BytesMut::new();
+        let mut usage = None;
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else {
+                return Ending::Failed;
+            };
+            let now = Instant::now();
+            buffer.extend_from_slice(&chunk);
+            while let Some(end) = find_event_end(&buffer) {
+                let event = buffer.split_to(end + 2);
+                match classify(&event) {
+                    SseEvent::Done => {
+                        return usage.map_or(Ending::Failed, Ending::Done);
+                    }
+                    SseEvent::Usage(u) => usage = Some(u),
+                    SseEvent::Error => return Ending::Failed,
+                    SseEvent::Token => {
+                        progress.first_event.get_or_insert(now);
+                        progress.last_token = Some(now);
+                    }
+                    SseEvent::Other => {}
+                }
+            }
+        }
+        // The stream ended without [DONE]: the replica or the gateway broke it.
+        Ending::Failed
+    }
+}
+
+#[derive(Debug, Default)]
+struct Progress {
+    first_event: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+enum Ending {
+    Done(Usage),
+    Rejected,
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+struct Usage {
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+struct PromptTokensDetails {
+    cached_tokens: u32,
+}
+
+#[derive(Debug, PartialEq)]
+enum SseEvent {
+    /// A chunk of the answer (including the opening role chunk and the
+    /// closing finish chunk, which arrive with the first and last token).
+    Token,
+    /// The `include_usage` chunk: no choices, final usage.
+    Usage(Usage),
+    Error,
+    Done,
+    /// Comments, keep-alives, anything unrecognised.
+    Other,
+}
+
+/// End of the first complete event (`\n\n`) in `buffer`.
+fn find_event_end(buffer: &[u8]) -> Option<usize> {
+    buffer.windows(2).position(|w| w == b"\n\n")
+}
+
+/// Reads one SSE event without parsing answer chunks (they are most of
+/// the traffic); only the usage chunk is parsed.
+fn classify(event: &[u8]) -> SseEvent {
+    let Some(data) = event
+        .split(|&b| b == b'\n')
+        .find_map(|line| line.strip_prefix(b"data:"))
+    else {
+        return SseEvent::Other;
+    };
+    let data = data.trim_ascii();
+    if data == b"[DONE]" {
+        return SseEvent::Done;
+    }
+    if data.starts_with(b"{\"error\"") {
+        return SseEvent::Error;
+    }
+    if contains(data, b"\"choices\":[]") {
+        #[derive(Deserialize)]
+        struct UsageChunk {
+            usage: Option<Usage>,
+        }
+        return match serde_json::from_slice::<UsageChunk>(data) {
+            Ok(UsageChunk { usage: Some(usage) }) => SseEvent::Usage(usage),
+            _ => SseEvent::Other,
+        };
+    }
+    SseEvent::Token
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_classified() {
+        let token = br#"data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" the"}}]}"#;
+        assert_eq!(classify(token), SseEvent::Token);
+        let usage = br#"data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"total_tokens":20,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert_eq!(
+            classify(usage),
+            SseEvent::Usage(Usage {
+                prompt_tokens: 12,
+                completion_tokens: 8,
+                prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: 4 }),
+            })
+        );
+        assert_eq!(classify(b"data: [DONE]"), SseEvent::Done);
+        assert_eq!(
+            classify(br#"data: {"error": {"message": "boom"}}"#),
+            SseEvent::Error
+        );
+        assert_eq!(classify(b": keep-alive"), SseEvent::Other);
+    }
+
+    #[test]
+    fn event_boundaries() {
+        assert_eq!(find_event_end(b"data: a\n\ndata: b"), Some(7));
+        assert_eq!(find_event_end(b"data: a\n"), None);
+    }
+}

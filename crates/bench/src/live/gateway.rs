@@ -1,0 +1,186 @@
+//! Starting the gateway under test: the real `infergate` binary as a child
+//! process (what `infergate bench` does), or the gateway library in this
+//! process (what the harness's own test does, having no binary to run).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+
+use crate::policy::PolicyUnderTest;
+
+/// How to start a gateway.
+#[derive(Debug, Clone)]
+pub enum GatewayLauncher {
+    /// `BINARY serve --config FILE`.
+    Binary(PathBuf),
+    /// `gateway::Gateway::start` on the current runtime.
+    InProcess,
+}
+
+/// A gateway serving one benchmark run.
+pub struct RunningGateway {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    kind: Running,
+}
+
+enum Running {
+    Child {
+        child: Child,
+        /// Holds the config file and the gateway's log until the run ends.
+        workdir: tempfile::TempDir,
+    },
+    InProcess(gateway::Gateway),
+}
+
+/// A loopback address with a port that was free a moment ago. The gateway
+/// binds it right after; on a quiet loopback nothing else takes it.
+pub fn free_local_addr() -> anyhow::Result<String> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+impl GatewayLauncher {
+    /// Start a gateway with `config` (`text` is the same document as YAML).
+    pub async fn start(
+        &self,
+        text: &str,
+        config: &config::InferenceGatewayConfig,
+        policy: &PolicyUnderTest,
+    ) -> anyhow::Result<RunningGateway> {
+        let addr: SocketAddr = config.spec.listeners[0].address.parse()?;
+        let admin: SocketAddr = config
+            .spec
+            .admin
+            .as_ref()
+            .context("the benchmark config has an admin listener")?
+            .address
+            .parse()?;
+        let kind = match self {
+            GatewayLauncher::Binary(binary) => {
+                let workdir = tempfile::Builder::new()
+                    .prefix("infergate-bench-")
+                    .tempdir()?;
+                let config_path = workdir.path().join(format!("{policy}.yaml").replace(':', "-"));
+                std::fs::write(&config_path, text)?;
+                let log = std::fs::File::create(workdir.path().join("gateway.log"))?;
+                let child = Command::new(binary)
+                    .arg("serve")
+                    .arg("--config")
+                    .arg(&config_path)
+                    .env("INFERGATE_LOG", "warn")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log)
+                    .kill_on_drop(true)
+                    .spawn()
+                    .with_context(|| format!("running {}", binary.display()))?;
+                Running::Child { child, workdir }
+            }
+            GatewayLauncher::InProcess => Running::InProcess(gateway::Gateway::start(config).await?),
+        };
+        let addr = match &kind {
+            Running::InProcess(g) => g.addr(),
+            Running::Child { .. } => addr,
+        };
+        let admin = match &kind {
+            Running::InProcess(g) => g.admin_addr().unwrap_or(admin),
+            Running::Child { .. } => admin,
+        };
+        Ok(RunningGateway { addr, admin, kind })
+    }
+}
+
+impl RunningGateway {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Wait until the gateway reports every one of `replicas` healthy (so
+    /// the first requests of the run are routed as all later ones are), or
+    /// fail after `timeout` with the gateway's log.
+    pub async fn wait_ready(&mut self, replicas: usize, timeout: Duration) -> anyhow::Result<()> {
+        let url = format!("http://{}/debug/pools", self.admin);
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        // The admin endpoint offers no notification; poll it, briefly.
+        let poll = Duration::from_millis(20);
+        loop {
+            if let Running::Child { child, workdir } = &mut self.kind
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "the gateway exited with {status} before it was ready:\n{}",
+                    log_tail(workdir.path())
+                );
+            }
+            if let Ok(response) = client.get(&url).send().await
+                && let Ok(pools) = response.json::<serde_json::Value>().await
+                && healthy_endpoints(&pools) >= replicas
+            {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let log = match &self.kind {
+                    Running::Child { workdir, .. } => log_tail(workdir.path()),
+                    Running::InProcess(_) => String::new(),
+                };
+                bail!(
+                    "the gateway did not report {replicas} healthy replicas within {timeout:?}\n{log}"
+                );
+            }
+            tokio::time::sleep(poll).await;
+        }
+    }
+
+    /// Stop the gateway (the run is over; nothing is in flight).
+    pub async fn stop(self) {
+        match self.kind {
+            Running::Child { mut child, .. } => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+            Running::InProcess(gateway) => {
+                gateway.shutdown().await;
+            }
+        }
+    }
+}
+
+fn healthy_endpoints(pools: &serde_json::Value) -> usize {
+    pools["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|pool| pool["endpoints"].as_array().into_iter().flatten())
+        .filter(|e| e["health"] == "healthy" && e["reachable"] == true)
+        .count()
+}
+
+/// The last lines of the gateway's log, for error messages.
+fn log_tail(dir: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_healthy_reachable_endpoints() {
+        let pools = serde_json::json!({"pools": [{"endpoints": [
+            {"health": "healthy", "reachable": true},
+            {"health": "stale", "reachable": true},
+            {"health": "healthy", "reachable": false},
+            {"health": "healthy", "reachable": true},
+        ]}]});
+        assert_eq!(healthy_endpoints(&pools), 2);
+        assert_eq!(healthy_endpoints(&serde_json::json!({})), 0);
+    }
+}

@@ -1,0 +1,98 @@
+//! Live mode: real simulated replicas over HTTP, the real gateway in front
+//! of them, and a load generator, all on 127.0.0.1.
+//!
+//! Every run (one policy at one load) starts from scratch — a fresh fleet,
+//! so no prefix cache or adapter carries over from the previous run, and a
+//! fresh gateway with that policy's config — then sends the planned
+//! requests and tears everything down. The replicas run `time_scale` times
+//! faster than real time; every latency is reported in simulated seconds
+//! (wall time × time scale), and the gateway's own timings (scrape
+//! interval, staleness, queue wait) are scaled to match.
+
+mod client;
+mod gateway;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+
+pub use client::{LoadGenerator, Planned};
+pub use gateway::{GatewayLauncher, RunningGateway};
+
+use crate::policy::{self, PolicyUnderTest, PoolDocument};
+use crate::scenario::FleetPlan;
+use crate::stats::Outcome;
+use crate::workload::RequestPlan;
+
+/// How live runs are set up.
+#[derive(Debug, Clone)]
+pub struct LiveOptions {
+    pub gateway: GatewayLauncher,
+    /// Engine seconds per wall second of the replicas.
+    pub time_scale: f64,
+    /// Simulated seconds a client waits for a complete answer.
+    pub client_timeout: f64,
+    /// Wall-clock bound on the gateway becoming ready.
+    pub ready_timeout: Duration,
+    /// Seeds the replicas (answer words; lengths are set by the requests).
+    pub seed: u64,
+}
+
+/// The bodies of `plans`, serialized before the clock starts.
+pub fn planned(plans: &[RequestPlan]) -> Vec<Planned> {
+    plans
+        .iter()
+        .map(|p| Planned {
+            at: p.at,
+            body: Bytes::from(serde_json::to_vec(&p.body(true)).expect("bodies serialize")),
+        })
+        .collect()
+}
+
+/// One policy over one set of requests on a fresh fleet and gateway.
+pub async fn run(
+    fleet: &FleetPlan,
+    policy: &PolicyUnderTest,
+    requests: Vec<Planned>,
+    options: &LiveOptions,
+) -> anyhow::Result<Vec<Outcome>> {
+    let replicas = sim::start_fleet(fleet.sim_spec(options.time_scale, options.seed))
+        .await
+        .context("starting the simulated replicas")?;
+    let endpoints: Vec<String> = replicas.addrs().iter().map(ToString::to_string).collect();
+    let model = fleet.served_model()?;
+    let pool = PoolDocument {
+        model: &model,
+        adapters: &fleet.adapters,
+        endpoints: &endpoints,
+        time_scale: options.time_scale,
+    };
+    let result = async {
+        let listen = gateway::free_local_addr()?;
+        let admin = gateway::free_local_addr()?;
+        let (text, config) = policy::gateway_config(policy, &pool, &listen, &admin)?;
+        let mut gateway = options
+            .gateway
+            .start(&text, &config, policy)
+            .await
+            .with_context(|| format!("starting the gateway for {policy}"))?;
+        let ready = gateway
+            .wait_ready(endpoints.len(), options.ready_timeout)
+            .await;
+        let outcomes = match ready {
+            Ok(()) => {
+                let url = format!("http://{}/v1/chat/completions", gateway.addr());
+                let load =
+                    LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
+                Ok(load.run(requests).await)
+            }
+            Err(e) => Err(e),
+        };
+        gateway.stop().await;
+        outcomes
+    }
+    .await;
+    replicas.shutdown().await;
+    result
+}

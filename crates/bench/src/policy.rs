@@ -1,0 +1,283 @@
+//! The routing policies a benchmark compares, and the gateway config each
+//! one runs under.
+//!
+//! Both modes start from the same `InferenceGatewayConfig` document: live
+//! mode hands it to the gateway, virtual mode derives its picker from it
+//! with the gateway's own mapping ([`gateway::picker_config`]), so the two
+//! cannot drift apart.
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+
+use crate::virtual_fleet::FlowLimits;
+
+/// A policy as named on the command line: `round-robin`, `least-request`,
+/// `random`, `scored` (default weights), or a weight preset such as
+/// `latency` (also spelt `scored:latency`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyUnderTest {
+    /// Config name of the policy.
+    policy: &'static str,
+    /// Weight preset of the scored policy.
+    preset: Option<String>,
+}
+
+impl PolicyUnderTest {
+    pub const ROUND_ROBIN: &'static str = "round-robin";
+
+    /// The baseline every change is measured against.
+    pub fn round_robin() -> Self {
+        Self {
+            policy: Self::ROUND_ROBIN,
+            preset: None,
+        }
+    }
+
+    /// The default comparison: round-robin, least-request, scored.
+    pub fn defaults() -> Vec<Self> {
+        ["round-robin", "least-request", "scored"]
+            .into_iter()
+            .map(|name| name.parse().expect("built-in names parse"))
+            .collect()
+    }
+
+    pub fn is_round_robin(&self) -> bool {
+        self.policy == Self::ROUND_ROBIN
+    }
+
+    /// Whether the policy reads scraped replica signals.
+    pub fn uses_signals(&self) -> bool {
+        self.policy == "scored"
+    }
+}
+
+impl std::str::FromStr for PolicyUnderTest {
+    type Err = anyhow::Error;
+
+    fn from_str(name: &str) -> anyhow::Result<Self> {
+        let name = name.trim();
+        let (policy, preset) = match name.split_once(':') {
+            Some(("scored", preset)) => ("scored", Some(preset)),
+            Some(_) => bail!("only the scored policy takes a preset: {name:?}"),
+            None => match name {
+                "round-robin" | "least-request" | "random" | "scored" => (name, None),
+                preset => ("scored", Some(preset)),
+            },
+        };
+        let policy = ["round-robin", "least-request", "random", "scored"]
+            .into_iter()
+            .find(|p| *p == policy)
+            .expect("names above are known");
+        let preset = match preset {
+            None | Some("default") => None,
+            Some(preset) if picker::Weights::preset(preset).is_some() => Some(preset.to_owned()),
+            Some(other) => bail!(
+                "unknown policy or preset {other:?} (policies: round-robin, least-request, random, scored; presets: {})",
+                picker::Weights::PRESETS.join(", ")
+            ),
+        };
+        Ok(Self { policy, preset })
+    }
+}
+
+impl fmt::Display for PolicyUnderTest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.preset {
+            Some(preset) => write!(f, "{}:{preset}", self.policy),
+            None => f.write_str(self.policy),
+        }
+    }
+}
+
+/// Parse a comma-separated policy list, putting round-robin first (every
+/// change is reported against it) and dropping repeats.
+pub fn parse_list(list: &str) -> anyhow::Result<Vec<PolicyUnderTest>> {
+    let mut policies = vec![PolicyUnderTest::round_robin()];
+    for name in list.split(',').filter(|n| !n.trim().is_empty()) {
+        let policy: PolicyUnderTest = name.parse()?;
+        if !policies.contains(&policy) {
+            policies.push(policy);
+        }
+    }
+    Ok(policies)
+}
+
+/// The pool the benchmark puts behind the gateway.
+#[derive(Debug, Clone)]
+pub struct PoolDocument<'a> {
+    pub model: &'a str,
+    pub adapters: &'a [String],
+    /// Replica addresses, `host:port`.
+    pub endpoints: &'a [String],
+    /// Engine seconds per wall second of the replicas. The gateway's
+    /// time-based defaults (scrape interval, staleness, how long a request
+    /// may wait for room) are divided by it, so the gateway behaves in
+    /// engine time as it would in front of real-time replicas.
+    pub time_scale: f64,
+}
+
+impl PoolDocument<'_> {
+    fn scaled(&self, d: Duration) -> String {
+        format_duration(d.div_f64(self.time_scale))
+    }
+}
+
+/// The gateway config for `policy` in front of `pool`: one listener and an
+/// admin listener on the given addresses, everything else at its defaults
+/// (time-based ones scaled, see [`PoolDocument::time_scale`]).
+pub fn gateway_config(
+    policy: &PolicyUnderTest,
+    pool: &PoolDocument<'_>,
+    listen: &str,
+    admin: &str,
+) -> anyhow::Result<(String, config::InferenceGatewayConfig)> {
+    let picker_defaults = picker::PickerConfig::default();
+    let defaults = config::FlowControl::default();
+    let band = |band: config::Priority| {
+        json!({"maxWait": pool.scaled(defaults.band(band).max_wait(band))})
+    };
+    let mut scheduling = json!({
+        "policy": policy.policy,
+        "metrics": {
+            "interval": pool.scaled(config::defaults::SCRAPE_INTERVAL),
+            "staleAfter": pool.scaled(picker_defaults.stale_after),
+        },
+    });
+    if let Some(preset) = &policy.preset {
+        scheduling["preset"] = json!(preset);
+    }
+    let document = json!({
+        "apiVersion": config::defaults::API_VERSION,
+        "kind": config::defaults::KIND,
+        "metadata": {"name": format!("bench-{policy}")},
+        "spec": {
+            "listeners": [{"name": "bench", "address": listen}],
+            "admin": {"address": admin},
+            "flowControl": {
+                "critical": band(config::Priority::Critical),
+                "standard": band(config::Priority::Standard),
+                "sheddable": band(config::Priority::Sheddable),
+            },
+            "pools": [{
+                "name": "bench",
+                "engine": "vllm",
+                "models": [pool.model],
+                "adapters": pool.adapters,
+                "endpoints": pool.endpoints,
+                "scheduling": scheduling,
+            }],
+        },
+    });
+    // JSON is YAML: the gateway reads this text as it is.
+    let text = serde_json::to_string_pretty(&document).expect("JSON values serialize");
+    let parsed = config::from_yaml(&text)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("the benchmark's gateway config for {policy} is invalid"))?;
+    Ok((text, parsed))
+}
+
+/// What virtual mode needs of the gateway config for `policy`: the picker
+/// configuration the gateway derives from it, and the bounds of the
+/// admission queue (for requests of the default band), in engine seconds.
+pub fn virtual_gateway(
+    policy: &PolicyUnderTest,
+    pool: &PoolDocument<'_>,
+) -> anyhow::Result<(picker::PickerConfig, Option<FlowLimits>)> {
+    let (_, config) = gateway_config(policy, pool, "127.0.0.1:0", "127.0.0.1:0")?;
+    let band = config::Priority::Standard;
+    let limits = config.spec.flow_control.band(band);
+    let max_wait = limits.max_wait(band).as_secs_f64() * pool.time_scale;
+    let flow = (max_wait > 0.0).then(|| FlowLimits {
+        max_wait,
+        max_queued: limits.max_queued(),
+        max_queued_bytes: limits.max_queued_bytes(),
+    });
+    Ok((gateway::picker_config(&config.spec.pools[0]), flow))
+}
+
+/// `humantime` spelling for config durations, to the microsecond.
+fn format_duration(d: Duration) -> String {
+    if d.is_zero() {
+        "0s".to_owned()
+    } else {
+        format!("{}us", d.as_micros().max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(endpoints: &[String], time_scale: f64) -> PoolDocument<'_> {
+        PoolDocument {
+            model: "meta-llama/Llama-3.1-8B-Instruct",
+            adapters: &[],
+            endpoints,
+            time_scale,
+        }
+    }
+
+    #[test]
+    fn names_parse_and_print() {
+        for name in ["round-robin", "least-request", "random", "scored"] {
+            assert_eq!(name.parse::<PolicyUnderTest>().unwrap().to_string(), name);
+        }
+        let latency: PolicyUnderTest = "latency".parse().unwrap();
+        assert_eq!(latency.to_string(), "scored:latency");
+        assert_eq!("scored:latency".parse::<PolicyUnderTest>().unwrap(), latency);
+        assert_eq!(
+            "scored:default".parse::<PolicyUnderTest>().unwrap().to_string(),
+            "scored"
+        );
+        assert!("fastest".parse::<PolicyUnderTest>().is_err());
+        assert!("round-robin:latency".parse::<PolicyUnderTest>().is_err());
+    }
+
+    #[test]
+    fn lists_start_with_round_robin_once() {
+        let list = parse_list("scored,least-request,round-robin,scored").unwrap();
+        let names: Vec<String> = list.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["round-robin", "scored", "least-request"]);
+    }
+
+    #[test]
+    fn virtual_mode_uses_the_gateway_mapping_and_defaults() {
+        let endpoints = vec!["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let (latency, flow) =
+            virtual_gateway(&"latency".parse().unwrap(), &pool(&endpoints, 1.0)).unwrap();
+        assert_eq!(latency.policy, picker::Policy::Scored);
+        assert_eq!(latency.weights, picker::Weights::LATENCY);
+        let flow = flow.expect("standard requests wait by default");
+        let standard = config::FlowControl::default();
+        let expected = standard
+            .band(config::Priority::Standard)
+            .max_wait(config::Priority::Standard);
+        assert_eq!(flow.max_wait, expected.as_secs_f64());
+        let (rr, _) = virtual_gateway(&PolicyUnderTest::round_robin(), &pool(&endpoints, 1.0)).unwrap();
+        assert_eq!(rr.policy, picker::Policy::RoundRobin);
+    }
+
+    #[test]
+    fn time_scale_divides_the_gateway_timings() {
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let (text, config) = gateway_config(
+            &"scored".parse().unwrap(),
+            &pool(&endpoints, 10.0),
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        let metrics = &config.spec.pools[0].scheduling.metrics;
+        assert_eq!(metrics.interval, Some(Duration::from_millis(5)), "{text}");
+        assert_eq!(metrics.stale_after, Some(Duration::from_millis(100)));
+        // Waiting for room is the same in engine seconds either way.
+        let (_, scaled) =
+            virtual_gateway(&"scored".parse().unwrap(), &pool(&endpoints, 10.0)).unwrap();
+        let (_, unscaled) =
+            virtual_gateway(&"scored".parse().unwrap(), &pool(&endpoints, 1.0)).unwrap();
+        assert!((scaled.unwrap().max_wait - unscaled.unwrap().max_wait).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,497 @@
+//! A scenario's results as `NAME.json`, a markdown table (`NAME.md` and
+//! stdout) and an SVG chart of TTFT p95 against load (`NAME.svg`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::stats::{Summary, change_percent};
+
+/// Everything one scenario run produced. Serializes to the `NAME.json`
+/// schema: `scenario`, `mode`, `seed`, `fleet`, `results`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    pub scenario: String,
+    pub mode: String,
+    pub seed: u64,
+    pub fleet: FleetReport,
+    pub results: Vec<Summary>,
+    /// How the runs were set up, for the markdown.
+    #[serde(skip)]
+    pub setup: Setup,
+}
+
+/// The fleet, and the capacity its load levels are fractions of.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    /// "4 × h100 + 4 × a10g, llama-3.1-8b".
+    pub description: String,
+    pub replicas: usize,
+    /// GPU profile of each replica.
+    pub hardware: Vec<String>,
+    pub model: String,
+    /// GPUs per replica.
+    pub tensor_parallel: u32,
+    pub adapters: usize,
+    pub max_loras: u32,
+    /// Estimated saturation throughput of the fleet.
+    pub capacity_requests_per_s: f64,
+    /// Per GPU profile: saturation throughput of one replica.
+    pub replica_capacity: BTreeMap<String, ReplicaCapacityReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaCapacityReport {
+    pub requests_per_s: f64,
+    pub output_tokens_per_s: f64,
+}
+
+/// How the runs were set up.
+#[derive(Debug, Clone, Default)]
+pub struct Setup {
+    pub about: String,
+    /// "60 s of arrivals".
+    pub length: String,
+    pub client_timeout: f64,
+    /// Live mode: engine seconds per wall second.
+    pub time_scale: Option<f64>,
+    /// Requests offered at each load.
+    pub requests_per_load: Vec<(f64, usize)>,
+    /// Wall-clock seconds of each run, in result order.
+    pub wall_seconds: Vec<f64>,
+}
+
+impl ScenarioReport {
+    /// Write `NAME.json`, `NAME.md` and `NAME.svg` into `dir`.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let write = |ext: &str, contents: String| {
+            let path = dir.join(format!("{}.{ext}", self.scenario));
+            std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
+        };
+        write(
+            "json",
+            serde_json::to_string_pretty(self).expect("reports serialize") + "\n",
+        )?;
+        write("md", self.markdown())?;
+        write("svg", self.svg())?;
+        Ok(())
+    }
+
+    /// Policies in the order they were run.
+    fn policies(&self) -> Vec<&str> {
+        let mut policies: Vec<&str> = Vec::new();
+        for r in &self.results {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        policies
+    }
+
+    fn loads(&self) -> Vec<f64> {
+        let mut loads: Vec<f64> = Vec::new();
+        for r in &self.results {
+            if !loads.contains(&r.load) {
+                loads.push(r.load);
+            }
+        }
+        loads
+    }
+
+    fn baseline(&self, load: f64) -> Option<&Summary> {
+        self.results
+            .iter()
+            .find(|r| r.load == load && r.policy == "round-robin")
+    }
+
+    /// The scenario's section: heading, setup, one table row per policy
+    /// and load.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let f = &self.fleet;
+        let _ = writeln!(
+            out,
+            "## {} ({} mode, seed {})\n",
+            self.scenario, self.mode, self.seed
+        );
+        if !self.setup.about.is_empty() {
+            let _ = writeln!(out, "{}\n", self.setup.about);
+        }
+        let per_replica = f
+            .replica_capacity
+            .iter()
+            .map(|(hw, c)| {
+                format!(
+                    "{hw} {:.2} req/s, {:.0} output tok/s",
+                    c.requests_per_s, c.output_tokens_per_s
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let _ = writeln!(
+            out,
+            "- Fleet: {}. Estimated capacity {:.1} req/s (per replica: {per_replica}).",
+            f.description, f.capacity_requests_per_s
+        );
+        let requests = self
+            .setup
+            .requests_per_load
+            .iter()
+            .map(|(load, n)| format!("{} at {}", n, percent(*load)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let _ = writeln!(
+            out,
+            "- Each run: {} ({requests} requests); client timeout {} s.",
+            self.setup.length, self.setup.client_timeout
+        );
+        if let Some(scale) = self.setup.time_scale {
+            let _ = writeln!(
+                out,
+                "- Replicas ran {scale}× faster than real time; latencies are in simulated time."
+            );
+        }
+        if !self.setup.wall_seconds.is_empty() {
+            let total: f64 = self.setup.wall_seconds.iter().sum();
+            let _ = writeln!(
+                out,
+                "- Wall time: {total:.1} s for {} runs.",
+                self.setup.wall_seconds.len()
+            );
+        }
+        out.push('\n');
+        out.push_str(
+            "| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | ITL p50 | ITL p99 | e2e p50 | e2e p99 | output tok/s | completed | errors | 429s | prefix hits | TTFT p95 vs RR | TTFT p99 vs RR | tok/s vs RR |\n",
+        );
+        out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for load in self.loads() {
+            let base = self.baseline(load);
+            for r in self.results.iter().filter(|r| r.load == load) {
+                let vs = |value: fn(&Summary) -> Option<f64>| match base {
+                    Some(b) if r.policy != b.policy => {
+                        signed_percent(change_percent(value(r), value(b)))
+                    }
+                    _ => "—".to_owned(),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.1} % | {} | {} | {} |",
+                    percent(load),
+                    r.policy,
+                    ms(r.ttft_p50_ms),
+                    ms(r.ttft_p95_ms),
+                    ms(r.ttft_p99_ms),
+                    ms(r.itl_p50_ms),
+                    ms(r.itl_p99_ms),
+                    ms(r.e2e_p50_ms),
+                    ms(r.e2e_p99_ms),
+                    r.output_tokens_per_s,
+                    r.completed,
+                    r.errors,
+                    r.rejected_429,
+                    r.prefix_hit_rate * 100.0,
+                    vs(|s| s.ttft_p95_ms),
+                    vs(|s| s.ttft_p99_ms),
+                    vs(|s| Some(s.output_tokens_per_s)),
+                );
+            }
+        }
+        out
+    }
+
+    /// TTFT p95 against load, one line per policy, on a log scale (tails
+    /// differ by orders of magnitude between policies).
+    pub fn svg(&self) -> String {
+        const WIDTH: f64 = 720.0;
+        const HEIGHT: f64 = 440.0;
+        const LEFT: f64 = 80.0;
+        const RIGHT: f64 = 190.0;
+        const TOP: f64 = 50.0;
+        const BOTTOM: f64 = 60.0;
+        const COLORS: [&str; 8] = [
+            "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+        ];
+        let plot_w = WIDTH - LEFT - RIGHT;
+        let plot_h = HEIGHT - TOP - BOTTOM;
+        let loads = self.loads();
+        let values: Vec<f64> = self
+            .results
+            .iter()
+            .filter_map(|r| r.ttft_p95_ms)
+            .filter(|v| *v > 0.0)
+            .collect();
+        let (lo, hi) = values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(*v), hi.max(*v))
+            });
+        let (decade_lo, decade_hi) = if values.is_empty() {
+            (0, 1)
+        } else {
+            let lo = lo.log10().floor() as i32;
+            (lo, (hi.log10().ceil() as i32).max(lo + 1))
+        };
+        let (load_lo, load_hi) = loads
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), l| {
+                (lo.min(*l), hi.max(*l))
+            });
+        let load_span = if load_hi > load_lo { load_hi - load_lo } else { 1.0 };
+        let x = |load: f64| LEFT + (load - load_lo) / load_span * plot_w;
+        let x = |load: f64| if loads.len() > 1 { x(load) } else { LEFT + plot_w / 2.0 };
+        let y = |ms: f64| {
+            let t = (ms.log10() - f64::from(decade_lo)) / f64::from(decade_hi - decade_lo);
+            TOP + plot_h * (1.0 - t)
+        };
+
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="24" font-size="15" font-weight="bold">{}: TTFT p95 vs load ({} mode)</text>"#,
+            LEFT,
+            escape(&self.scenario),
+            escape(&self.mode)
+        );
+        // Horizontal grid at every decade, labelled.
+        for decade in decade_lo..=decade_hi {
+            let ms = 10f64.powi(decade);
+            let yy = y(ms);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
+                LEFT + plot_w
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 8.0,
+                yy + 4.0,
+                axis_ms(ms)
+            );
+        }
+        for &load in &loads {
+            let xx = x(load);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
+                TOP + plot_h
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                TOP + plot_h + 18.0,
+                percent(load)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">offered load (fraction of estimated capacity)</text>"#,
+            LEFT + plot_w / 2.0,
+            HEIGHT - 16.0
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">TTFT p95 (log scale)</text>"#,
+            TOP + plot_h / 2.0
+        );
+        for (i, policy) in self.policies().into_iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let points: Vec<(f64, f64)> = self
+                .results
+                .iter()
+                .filter(|r| r.policy == policy)
+                .filter_map(|r| r.ttft_p95_ms.filter(|v| *v > 0.0).map(|v| (x(r.load), y(v))))
+                .collect();
+            if points.len() > 1 {
+                let path = points
+                    .iter()
+                    .map(|(px, py)| format!("{px:.1},{py:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let _ = writeln!(
+                    svg,
+                    r#"<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>"#
+                );
+            }
+            for (px, py) in &points {
+                let _ = writeln!(
+                    svg,
+                    r#"<circle cx="{px:.1}" cy="{py:.1}" r="3.5" fill="{color}"/>"#
+                );
+            }
+            let ly = TOP + 10.0 + 20.0 * i as f64;
+            let lx = LEFT + plot_w + 16.0;
+            let _ = writeln!(
+                svg,
+                r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"/>"#,
+                lx + 22.0
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
+                lx + 28.0,
+                ly + 4.0,
+                escape(policy)
+            );
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+fn percent(fraction: f64) -> String {
+    format!("{:.0} %", fraction * 100.0)
+}
+
+/// A latency for the table: milliseconds below a second, seconds above.
+pub fn ms(value: Option<f64>) -> String {
+    match value {
+        None => "—".to_owned(),
+        Some(v) if v < 10.0 => format!("{v:.1} ms"),
+        Some(v) if v < 1000.0 => format!("{v:.0} ms"),
+        Some(v) => format!("{:.2} s", v / 1000.0),
+    }
+}
+
+fn axis_ms(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{} s", v / 1000.0)
+    } else {
+        format!("{v} ms")
+    }
+}
+
+fn signed_percent(value: Option<f64>) -> String {
+    match value {
+        None => "—".to_owned(),
+        Some(v) => format!("{v:+.1} %").replace('-', "−"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(policy: &str, load: f64, p95: f64) -> Summary {
+        Summary {
+            policy: policy.into(),
+            load,
+            ttft_p50_ms: Some(p95 / 2.0),
+            ttft_p95_ms: Some(p95),
+            ttft_p99_ms: Some(p95 * 2.0),
+            itl_p50_ms: Some(7.0),
+            itl_p99_ms: Some(12.0),
+            e2e_p50_ms: Some(900.0),
+            e2e_p99_ms: Some(4000.0),
+            output_tokens_per_s: 1000.0,
+            completed: 10,
+            errors: 0,
+            rejected_429: 0,
+            prefix_hit_rate: 0.25,
+        }
+    }
+
+    fn report() -> ScenarioReport {
+        ScenarioReport {
+            scenario: "uniform".into(),
+            mode: "virtual".into(),
+            seed: 1,
+            fleet: FleetReport {
+                description: "2 × h100, llama-3.1-8b".into(),
+                replicas: 2,
+                hardware: vec!["h100".into(), "h100".into()],
+                model: "llama-3.1-8b".into(),
+                tensor_parallel: 1,
+                adapters: 0,
+                max_loras: 1,
+                capacity_requests_per_s: 50.0,
+                replica_capacity: BTreeMap::new(),
+            },
+            results: vec![
+                summary("round-robin", 0.5, 200.0),
+                summary("scored", 0.5, 100.0),
+                summary("round-robin", 1.0, 20_000.0),
+                summary("scored", 1.0, 500.0),
+            ],
+            setup: Setup::default(),
+        }
+    }
+
+    #[test]
+    fn json_has_the_documented_shape() {
+        let value = serde_json::to_value(report()).unwrap();
+        let keys: Vec<&str> = value.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        assert_eq!(keys, ["fleet", "mode", "results", "scenario", "seed"]);
+        let row = value["results"][0].as_object().unwrap();
+        for key in [
+            "policy",
+            "load",
+            "ttft_p50_ms",
+            "ttft_p95_ms",
+            "ttft_p99_ms",
+            "itl_p50_ms",
+            "itl_p99_ms",
+            "e2e_p50_ms",
+            "e2e_p99_ms",
+            "output_tokens_per_s",
+            "completed",
+            "errors",
+            "rejected_429",
+            "prefix_hit_rate",
+        ] {
+            assert!(row.contains_key(key), "missing {key}");
+        }
+        assert_eq!(row.len(), 14);
+    }
+
+    #[test]
+    fn markdown_compares_with_round_robin() {
+        let md = report().markdown();
+        assert!(md.contains("## uniform (virtual mode, seed 1)"));
+        // 200 → 100 ms is −50 %; 20 s → 500 ms is −97.5 %.
+        assert!(md.contains("| 50 % | scored | 50 ms | 100 ms | 200 ms |"), "{md}");
+        assert!(md.contains("−50.0 %"), "{md}");
+        assert!(md.contains("−97.5 %"), "{md}");
+        assert!(md.contains("| 100 % | round-robin | 10.00 s | 20.00 s |"), "{md}");
+    }
+
+    #[test]
+    fn svg_draws_one_line_per_policy() {
+        let svg = report().svg();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 4);
+        // Decades from 100 ms to 100 s are labelled.
+        assert!(svg.contains(">100 ms<") && svg.contains(">100 s<"), "{svg}");
+    }
+
+    #[test]
+    fn latency_formatting() {
+        assert_eq!(ms(Some(5.26)), "5.3 ms");
+        assert_eq!(ms(Some(123.4)), "123 ms");
+        assert_eq!(ms(Some(4410.0)), "4.41 s");
+        assert_eq!(ms(None), "—");
+        assert_eq!(signed_percent(Some(-97.04)), "−97.0 %");
+        assert_eq!(signed_percent(Some(3.0)), "+3.0 %");
+    }
+}

@@ -1,0 +1,418 @@
+//! The benchmark scenarios: a fleet, a workload, the load levels and how
+//! long each run offers traffic.
+//!
+//! Five reproduce the situations of the AWS HyperPod benchmark
+//! (`mixed-fleet`, `bursty`, `shared-prefix`, `lora`, `uniform`);
+//! `fleet-scale` is a thousand-replica fleet for virtual mode only.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, bail};
+use sim::engine::EngineConfig;
+
+use crate::workload::{LengthDist, Mix, Range, Traffic, WorkloadSpec};
+
+/// Replicas of one model on (possibly) different GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetPlan {
+    pub replicas: usize,
+    /// GPU profile of each replica, cycled over the replicas.
+    pub hardware: Vec<String>,
+    /// Model profile name.
+    pub model: String,
+    pub tensor_parallel: Option<u32>,
+    /// LoRA adapters every replica serves.
+    pub adapters: Vec<String>,
+    pub max_loras: Option<u32>,
+}
+
+impl FleetPlan {
+    /// The simulator's description of this fleet.
+    pub fn sim_spec(&self, time_scale: f64, seed: u64) -> sim::FleetSpec {
+        sim::FleetSpec {
+            replicas: self.replicas,
+            hardware: self.hardware.clone(),
+            model: self.model.clone(),
+            tensor_parallel: self.tensor_parallel,
+            adapters: self.adapters.clone(),
+            max_loras: self.max_loras,
+            time_scale,
+            seed,
+            ..sim::FleetSpec::default()
+        }
+    }
+
+    /// The engine configuration of every replica, exactly as a simulated
+    /// replica of [`FleetPlan::sim_spec`] builds it.
+    pub fn engine_configs(&self) -> anyhow::Result<Vec<EngineConfig>> {
+        let spec = self.sim_spec(1.0, 0);
+        (0..self.replicas)
+            .map(|i| spec.replica(i).engine_config())
+            .collect()
+    }
+
+    /// The name clients send as `model` (the model's Hugging Face id, as
+    /// the simulator serves it).
+    pub fn served_model(&self) -> anyhow::Result<String> {
+        sim::engine::model(&self.model)
+            .map(|m| m.hf_id.to_owned())
+            .with_context(|| format!("unknown model profile {:?}", self.model))
+    }
+
+    /// GPU profile of each replica, in order.
+    pub fn replica_hardware(&self) -> Vec<String> {
+        (0..self.replicas)
+            .map(|i| self.hardware[i % self.hardware.len()].clone())
+            .collect()
+    }
+
+    /// "4 × h100 + 4 × a10g, llama-3.1-8b (TP 1)".
+    pub fn describe(&self) -> String {
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for hw in self.replica_hardware() {
+            match counts.iter_mut().find(|(name, _)| *name == hw) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((hw, 1)),
+            }
+        }
+        let mut out = counts
+            .iter()
+            .map(|(hw, n)| format!("{n} × {hw}"))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let _ = write!(out, ", {}", self.model);
+        if let Some(tp) = self.tensor_parallel {
+            let _ = write!(out, " (TP {tp})");
+        }
+        if !self.adapters.is_empty() {
+            let _ = write!(
+                out,
+                ", {} LoRA adapters, max_loras {}",
+                self.adapters.len(),
+                self.max_loras
+                    .map_or_else(|| "default".to_owned(), |n| n.to_string())
+            );
+        }
+        out
+    }
+}
+
+/// How big a run is: the full benchmark, or the smoke-sized `--quick`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Size {
+    Full,
+    Quick,
+}
+
+/// One benchmark scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub name: &'static str,
+    /// What it reproduces, in one sentence.
+    pub about: &'static str,
+    pub fleet: FleetPlan,
+    pub workload: WorkloadSpec,
+    /// Offered loads, fractions of the fleet's estimated capacity.
+    pub loads: Vec<f64>,
+    /// How long each run offers traffic in virtual mode.
+    pub length: RunLength,
+    /// How long each run offers traffic in live mode (shorter: live runs
+    /// stream every token through real sockets).
+    pub live_length: RunLength,
+    /// Whether live mode can run it (a thousand replicas cannot).
+    pub live: bool,
+}
+
+/// How long a run offers traffic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RunLength {
+    /// Simulated seconds of arrivals, at every load.
+    Seconds(f64),
+    /// About this many requests, at every load (the time span shrinks as
+    /// the load grows).
+    Requests(u64),
+}
+
+impl RunLength {
+    /// Simulated seconds of arrivals at `rate` requests per second.
+    pub fn seconds_at(&self, rate: f64) -> f64 {
+        match *self {
+            RunLength::Seconds(s) => s,
+            RunLength::Requests(n) => n as f64 / rate,
+        }
+    }
+}
+
+impl std::fmt::Display for RunLength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunLength::Seconds(s) => write!(f, "{s} s of arrivals"),
+            RunLength::Requests(n) => write!(f, "{n} requests"),
+        }
+    }
+}
+
+/// The scenarios `--scenario all` runs, in report order.
+pub const ALL: [&str; 5] = ["mixed-fleet", "bursty", "shared-prefix", "lora", "uniform"];
+/// Every scenario name, `all` excluded.
+pub const NAMES: [&str; 6] = [
+    "mixed-fleet",
+    "bursty",
+    "shared-prefix",
+    "lora",
+    "uniform",
+    "fleet-scale",
+];
+
+const LOADS: [f64; 4] = [0.5, 0.8, 1.0, 1.2];
+/// Requests per run in virtual mode: enough for a stable p99 (50 samples
+/// above it).
+const REQUESTS: u64 = 5000;
+/// Requests per run in live mode: about a minute of wall time per run.
+const LIVE_REQUESTS: u64 = 1000;
+/// Requests per live run with `--quick` (virtual runs get a fiftieth of
+/// their full size): a smoke test of every path, not a measurement.
+const QUICK_REQUESTS: u64 = 100;
+const QUICK_LOADS: [f64; 2] = [0.5, 1.0];
+
+/// Chat lengths: prompts log-normal around 1,000 tokens (about a third of
+/// them above 1,500), answers around 200 tokens with a long tail, as in
+/// ShareGPT-style chat traces.
+fn chat_prompt() -> LengthDist {
+    LengthDist {
+        median: 1000.0,
+        sigma: 0.8,
+        min: 16,
+        max: 8000,
+    }
+}
+
+fn chat_output() -> LengthDist {
+    LengthDist {
+        median: 200.0,
+        sigma: 0.7,
+        min: 8,
+        max: 2000,
+    }
+}
+
+fn chat() -> Mix {
+    Mix::Chat {
+        prompt: chat_prompt(),
+        output: chat_output(),
+    }
+}
+
+fn fleet(replicas: usize, hardware: &[&str], model: &str) -> FleetPlan {
+    FleetPlan {
+        replicas,
+        hardware: hardware.iter().map(|h| (*h).to_owned()).collect(),
+        model: model.to_owned(),
+        tensor_parallel: None,
+        adapters: Vec::new(),
+        max_loras: None,
+    }
+}
+
+impl Scenario {
+    /// The scenario called `name`, sized for `size`.
+    pub fn named(name: &str, size: Size) -> anyhow::Result<Scenario> {
+        let quick = size == Size::Quick;
+        let loads = if quick {
+            QUICK_LOADS.to_vec()
+        } else {
+            LOADS.to_vec()
+        };
+        let mut scenario = match name {
+            "mixed-fleet" => Scenario {
+                name: "mixed-fleet",
+                about: "A mixed-generation fleet: the same model on fast and slow GPUs, chat traffic.",
+                fleet: fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, chat()),
+                loads,
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+            },
+            "bursty" => Scenario {
+                name: "bursty",
+                about: "Bursty chat traffic on a large tensor-parallel model: quiet periods, then peaks at 3-5x the mean rate.",
+                fleet: FleetPlan {
+                    tensor_parallel: Some(4),
+                    ..fleet(4, &["h100"], "llama-3.1-70b")
+                },
+                workload: workload(
+                    Traffic::Bursty {
+                        cycle_seconds: 12.0,
+                        peak_seconds: 2.0,
+                        peak_factor: (3.0, 5.0),
+                    },
+                    chat(),
+                ),
+                loads,
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+            },
+            "shared-prefix" => Scenario {
+                name: "shared-prefix",
+                about: "Users asking about 8 shared documents of 2-6k tokens in multi-turn conversations.",
+                fleet: fleet(8, &["a10g"], "llama-3.1-8b"),
+                workload: workload(
+                    Traffic::Poisson,
+                    Mix::SharedPrefix {
+                        documents: 8,
+                        document_tokens: Range {
+                            min: 2000,
+                            max: 6000,
+                        },
+                        question_tokens: Range { min: 100, max: 500 },
+                        turns: Range { min: 1, max: 5 },
+                        think_seconds: 10.0,
+                        output: LengthDist {
+                            median: 150.0,
+                            sigma: 0.6,
+                            min: 8,
+                            max: 1000,
+                        },
+                    },
+                ),
+                loads,
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+            },
+            "lora" => {
+                let adapters: Vec<String> = (0..12).map(|i| format!("lora-{i:02}")).collect();
+                Scenario {
+                    name: "lora",
+                    about: "12 LoRA adapters of one base model with Zipf popularity, 4 adapter slots per replica.",
+                    fleet: FleetPlan {
+                        adapters: adapters.clone(),
+                        max_loras: Some(4),
+                        ..fleet(4, &["h100"], "llama-3.1-8b")
+                    },
+                    workload: workload(
+                        Traffic::Poisson,
+                        Mix::Lora {
+                            adapters,
+                            zipf_exponent: 1.0,
+                            prompt: LengthDist {
+                                median: 600.0,
+                                ..chat_prompt()
+                            },
+                            output: LengthDist {
+                                median: 150.0,
+                                ..chat_output()
+                            },
+                        },
+                    ),
+                    loads,
+                    length: RunLength::Requests(REQUESTS),
+                    live_length: RunLength::Requests(LIVE_REQUESTS),
+                    live: true,
+                }
+            }
+            "uniform" => Scenario {
+                name: "uniform",
+                about: "Identical replicas and steady Poisson chat traffic: nothing for smart routing to exploit.",
+                fleet: fleet(4, &["h100"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, chat()),
+                loads,
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+            },
+            "fleet-scale" => Scenario {
+                name: "fleet-scale",
+                about: "A thousand H100 replicas and a million chat requests, in virtual time.",
+                fleet: fleet(1000, &["h100"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, chat()),
+                loads: vec![0.8],
+                length: RunLength::Requests(1_000_000),
+                live_length: RunLength::Requests(0),
+                live: false,
+            },
+            other => bail!(
+                "unknown scenario {other:?} (expected all, {})",
+                NAMES.join(", ")
+            ),
+        };
+        if quick {
+            scenario.length = match scenario.length {
+                RunLength::Requests(n) => RunLength::Requests(n / 50),
+                seconds => seconds,
+            };
+            scenario.live_length = RunLength::Requests(QUICK_REQUESTS);
+        }
+        scenario.workload.model = scenario.fleet.served_model()?;
+        if let Traffic::Bursty { .. } = scenario.workload.traffic {
+            scenario
+                .workload
+                .traffic
+                .validate()
+                .map_err(anyhow::Error::msg)?;
+        }
+        Ok(scenario)
+    }
+}
+
+fn workload(traffic: Traffic, mix: Mix) -> WorkloadSpec {
+    WorkloadSpec {
+        traffic,
+        mix,
+        // Set from the fleet once the scenario is assembled.
+        model: String::new(),
+    }
+}
+
+/// Scenario names from `--scenario`: `all` or one name.
+pub fn expand(name: &str) -> anyhow::Result<Vec<&'static str>> {
+    if name == "all" {
+        return Ok(ALL.to_vec());
+    }
+    NAMES
+        .into_iter()
+        .find(|n| *n == name)
+        .map(|n| vec![n])
+        .with_context(|| {
+            format!(
+                "unknown scenario {name:?} (expected all, {})",
+                NAMES.join(", ")
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_builds_and_fits_its_fleet() {
+        for name in NAMES {
+            for size in [Size::Full, Size::Quick] {
+                let s = Scenario::named(name, size).unwrap();
+                assert_eq!(s.name, name);
+                assert!(!s.loads.is_empty());
+                let configs = s.fleet.engine_configs().unwrap();
+                assert_eq!(configs.len(), s.fleet.replicas);
+                assert!(s.workload.model.contains('/'), "{}", s.workload.model);
+            }
+        }
+        assert!(Scenario::named("nope", Size::Full).is_err());
+    }
+
+    #[test]
+    fn mixed_fleet_alternates_gpus() {
+        let s = Scenario::named("mixed-fleet", Size::Full).unwrap();
+        assert_eq!(s.fleet.describe(), "4 × h100 + 4 × a10g, llama-3.1-8b");
+        assert_eq!(s.loads, LOADS);
+    }
+
+    #[test]
+    fn all_expands_to_the_five_aws_scenarios() {
+        assert_eq!(expand("all").unwrap(), ALL);
+        assert_eq!(expand("lora").unwrap(), ["lora"]);
+        assert!(expand("everything").is_err());
+    }
+}

@@ -1,0 +1,252 @@
+//! Per-request outcomes and the summary of a run, computed the same way in
+//! both modes.
+//!
+//! Definitions (also written in BENCHMARKS.md):
+//! - **TTFT**: arrival → first output token. Requests that time out before
+//!   their first token count at the client timeout, so a tail that outgrew
+//!   the timeout shows as the timeout rather than disappearing.
+//! - **ITL**: per request, (last token − first token) / (tokens − 1), the
+//!   mean gap between the request's tokens; percentiles are over requests.
+//! - **e2e**: arrival → last token, for completed requests; timed-out
+//!   requests count at the timeout.
+//! - **output tokens/s**: output tokens of completed requests ÷ (last
+//!   completion − first arrival).
+//! - **prefix hit rate**: prompt tokens served from the replicas' prefix
+//!   caches ÷ prompt tokens, over completed requests.
+//!
+//! All times are simulated seconds.
+
+use serde::Serialize;
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Completed,
+    /// The gateway answered 429 (every replica saturated).
+    Rejected,
+    /// Any other failure: an error status, a broken stream, a refusal.
+    Failed,
+    /// No complete answer within the client timeout.
+    TimedOut,
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    pub status: Status,
+    /// Arrival time, seconds from the start of the run.
+    pub arrival: f64,
+    /// Seconds from arrival to the first token, if one came.
+    pub ttft: Option<f64>,
+    /// Seconds from arrival to the end, for completed requests.
+    pub e2e: Option<f64>,
+    /// Mean seconds between this request's tokens (two tokens or more).
+    pub itl: Option<f64>,
+    pub prompt_tokens: u32,
+    pub cached_tokens: u32,
+    pub output_tokens: u32,
+}
+
+impl Outcome {
+    pub fn rejected(arrival: f64) -> Self {
+        Self::ended(Status::Rejected, arrival)
+    }
+
+    pub fn failed(arrival: f64) -> Self {
+        Self::ended(Status::Failed, arrival)
+    }
+
+    fn ended(status: Status, arrival: f64) -> Self {
+        Outcome {
+            status,
+            arrival,
+            ttft: None,
+            e2e: None,
+            itl: None,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            output_tokens: 0,
+        }
+    }
+
+    /// A request that streamed `output_tokens` tokens, the first `ttft`
+    /// and the last `e2e` seconds after it arrived.
+    pub fn completed(
+        arrival: f64,
+        ttft: f64,
+        e2e: f64,
+        output_tokens: u32,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+    ) -> Self {
+        Outcome {
+            status: Status::Completed,
+            arrival,
+            ttft: Some(ttft),
+            e2e: Some(e2e),
+            itl: (output_tokens >= 2).then(|| (e2e - ttft) / f64::from(output_tokens - 1)),
+            prompt_tokens,
+            cached_tokens,
+            output_tokens,
+        }
+    }
+
+    /// A request cut off by the client timeout; `ttft` if its first token
+    /// came in time.
+    pub fn timed_out(arrival: f64, ttft: Option<f64>) -> Self {
+        Outcome {
+            ttft,
+            ..Self::ended(Status::TimedOut, arrival)
+        }
+    }
+}
+
+/// One policy at one load: the row of the report and of `NAME.json`.
+/// Latencies in milliseconds; `None` (JSON `null`) when no request
+/// provides the figure.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub policy: String,
+    /// Offered load as a fraction of the fleet's estimated capacity.
+    pub load: f64,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p95_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p99_ms: Option<f64>,
+    pub e2e_p50_ms: Option<f64>,
+    pub e2e_p99_ms: Option<f64>,
+    pub output_tokens_per_s: f64,
+    pub completed: u64,
+    /// Failed and timed-out requests.
+    pub errors: u64,
+    pub rejected_429: u64,
+    pub prefix_hit_rate: f64,
+}
+
+/// The summary of a run's outcomes. `timeout` is the client timeout, the
+/// value a request that never got its first token counts at.
+pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) -> Summary {
+    let mut ttft = Vec::with_capacity(outcomes.len());
+    let mut itl = Vec::with_capacity(outcomes.len());
+    let mut e2e = Vec::with_capacity(outcomes.len());
+    let (mut completed, mut errors, mut rejected) = (0u64, 0u64, 0u64);
+    let (mut prompt, mut cached, mut output) = (0u64, 0u64, 0u64);
+    let mut first_arrival = f64::INFINITY;
+    let mut last_completion = f64::NEG_INFINITY;
+    for o in outcomes {
+        first_arrival = first_arrival.min(o.arrival);
+        match o.status {
+            Status::Completed => {
+                completed += 1;
+                ttft.extend(o.ttft);
+                itl.extend(o.itl);
+                if let Some(e) = o.e2e {
+                    e2e.push(e);
+                    last_completion = last_completion.max(o.arrival + e);
+                }
+                prompt += u64::from(o.prompt_tokens);
+                cached += u64::from(o.cached_tokens);
+                output += u64::from(o.output_tokens);
+            }
+            Status::TimedOut => {
+                errors += 1;
+                ttft.push(o.ttft.unwrap_or(timeout));
+                e2e.push(timeout);
+            }
+            Status::Failed => errors += 1,
+            Status::Rejected => rejected += 1,
+        }
+    }
+    let span = last_completion - first_arrival;
+    let ms = |values: &mut Vec<f64>, p: f64| percentile(values, p).map(|s| s * 1e3);
+    Summary {
+        policy: policy.to_owned(),
+        load,
+        ttft_p50_ms: ms(&mut ttft, 50.0),
+        ttft_p95_ms: ms(&mut ttft, 95.0),
+        ttft_p99_ms: ms(&mut ttft, 99.0),
+        itl_p50_ms: ms(&mut itl, 50.0),
+        itl_p99_ms: ms(&mut itl, 99.0),
+        e2e_p50_ms: ms(&mut e2e, 50.0),
+        e2e_p99_ms: ms(&mut e2e, 99.0),
+        output_tokens_per_s: if span > 0.0 {
+            output as f64 / span
+        } else {
+            0.0
+        },
+        completed,
+        errors,
+        rejected_429: rejected,
+        prefix_hit_rate: if prompt > 0 {
+            cached as f64 / prompt as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+/// Nearest-rank percentile (`p` in 0..=100); sorts `values` in place.
+pub fn percentile(values: &mut [f64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_unstable_by(f64::total_cmp);
+    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+    Some(values[rank.clamp(1, values.len()) - 1])
+}
+
+/// `(value − base) / base` in percent, when both exist and base > 0.
+pub fn change_percent(value: Option<f64>, base: Option<f64>) -> Option<f64> {
+    match (value, base) {
+        (Some(v), Some(b)) if b > 0.0 => Some((v - b) / b * 100.0),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        v.reverse();
+        assert_eq!(percentile(&mut v, 50.0), Some(50.0));
+        assert_eq!(percentile(&mut v, 95.0), Some(95.0));
+        assert_eq!(percentile(&mut v, 99.0), Some(99.0));
+        assert_eq!(percentile(&mut v, 100.0), Some(100.0));
+        assert_eq!(percentile(&mut [7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&mut [], 50.0), None);
+    }
+
+    #[test]
+    fn summary_counts_and_rates() {
+        let outcomes = [
+            Outcome::completed(0.0, 0.1, 1.1, 11, 100, 50),
+            Outcome::completed(1.0, 0.3, 2.3, 21, 300, 0),
+            Outcome::rejected(1.5),
+            Outcome::failed(1.6),
+            Outcome::timed_out(1.7, None),
+        ];
+        let s = summarize("round-robin", 0.8, &outcomes, 60.0);
+        assert_eq!((s.completed, s.errors, s.rejected_429), (2, 2, 1));
+        // Output tokens 32 between the first arrival (0) and the last
+        // completion (1.0 + 2.3).
+        assert!((s.output_tokens_per_s - 32.0 / 3.3).abs() < 1e-9);
+        assert!((s.prefix_hit_rate - 50.0 / 400.0).abs() < 1e-12);
+        // ITL: (1.1 - 0.1) / 10 = 0.1 and (2.3 - 0.3) / 20 = 0.1.
+        assert!((s.itl_p50_ms.unwrap() - 100.0).abs() < 1e-9);
+        // The timed-out request counts at the timeout in TTFT and e2e.
+        assert_eq!(s.ttft_p99_ms, Some(60_000.0));
+        assert_eq!(s.e2e_p99_ms, Some(60_000.0));
+        assert!((s.ttft_p50_ms.unwrap() - 300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn change_against_a_baseline() {
+        assert_eq!(change_percent(Some(50.0), Some(200.0)), Some(-75.0));
+        assert_eq!(change_percent(Some(50.0), None), None);
+        assert_eq!(change_percent(Some(50.0), Some(0.0)), None);
+    }
+}

@@ -1,0 +1,355 @@
+//! Running a scenario: estimate the fleet's capacity, then run every policy
+//! at every load on the same requests, in virtual time or live, and
+//! summarize.
+
+use std::sync::Arc;
+use std::sync::mpsc::sync_channel;
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::capacity::{self, Calibration, FleetCapacity};
+use crate::live::{self, GatewayLauncher, LiveOptions};
+use crate::policy::{self, PolicyUnderTest, PoolDocument};
+use crate::report::{FleetReport, ReplicaCapacityReport, ScenarioReport, Setup};
+use crate::scenario::{RunLength, Scenario, Size};
+use crate::stats::{self, Outcome, Summary};
+use crate::virtual_fleet::{self, Prepared, VirtualFleet, VirtualOptions};
+use crate::workload::Workload;
+
+/// Live over HTTP, or in virtual time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Live,
+    Virtual,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Live => "live",
+            Mode::Virtual => "virtual",
+        }
+    }
+}
+
+/// Everything that shapes a benchmark run besides the scenario.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    pub mode: Mode,
+    pub size: Size,
+    pub seed: u64,
+    pub policies: Vec<PolicyUnderTest>,
+    /// Replace the scenario's load levels.
+    pub loads: Option<Vec<f64>>,
+    /// Replace the scenario's run length.
+    pub length: Option<RunLength>,
+    /// Replace the scenario's replica count (GPU profiles keep cycling).
+    pub replicas: Option<usize>,
+    /// Simulated seconds a client waits for a complete answer.
+    pub client_timeout: f64,
+    /// Scrape period and delay of the modelled gateway (virtual mode).
+    pub scrape_interval: f64,
+    pub scrape_delay: f64,
+    pub gateway: GatewayLauncher,
+    /// Live mode: engine seconds per wall second; chosen from the fleet's
+    /// token rate when `None`.
+    pub time_scale: Option<f64>,
+    /// Live mode: the SSE events per wall second the automatic time scale
+    /// aims at (each output token is one event on each hop).
+    pub live_token_budget: f64,
+}
+
+impl SuiteOptions {
+    pub fn new(mode: Mode, size: Size, seed: u64) -> Self {
+        SuiteOptions {
+            mode,
+            size,
+            seed,
+            policies: PolicyUnderTest::defaults(),
+            loads: None,
+            length: None,
+            replicas: None,
+            client_timeout: 60.0,
+            scrape_interval: config::defaults::SCRAPE_INTERVAL.as_secs_f64(),
+            scrape_delay: DEFAULT_SCRAPE_DELAY,
+            gateway: GatewayLauncher::InProcess,
+            time_scale: None,
+            live_token_budget: DEFAULT_LIVE_TOKEN_BUDGET,
+        }
+    }
+}
+
+/// From a replica taking its snapshot to the picker seeing it: an HTTP
+/// round trip on a local network plus rendering and parsing the text.
+pub const DEFAULT_SCRAPE_DELAY: f64 = 0.002;
+/// Output tokens per wall second live mode aims for at the highest load:
+/// what the replicas, the gateway and the load generator stream together
+/// on two cores without the benchmark's own CPU use distorting latencies.
+pub const DEFAULT_LIVE_TOKEN_BUDGET: f64 = 8000.0;
+/// Fastest live replicas: beyond this, the loopback round trips of the
+/// HTTP path (tens of microseconds) stop being negligible in engine time.
+const MAX_TIME_SCALE: f64 = 10.0;
+/// Requests prepared per message from the request thread to the event
+/// loop.
+const BATCH: usize = 256;
+
+/// The scenario `name` with `options`' overrides applied.
+pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> {
+    let mut scenario = Scenario::named(name, options.size)?;
+    if options.mode == Mode::Live {
+        scenario.length = scenario.live_length;
+    }
+    if let Some(loads) = &options.loads {
+        scenario.loads = loads.clone();
+    }
+    if let Some(length) = options.length {
+        scenario.length = length;
+    }
+    if let Some(replicas) = options.replicas {
+        scenario.fleet.replicas = replicas;
+    }
+    if options.mode == Mode::Live && !scenario.live {
+        bail!(
+            "{} runs in virtual mode only (--mode virtual)",
+            scenario.name
+        );
+    }
+    if scenario.loads.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
+        bail!("loads must be positive fractions of capacity, e.g. 0.5,0.8");
+    }
+    Ok(scenario)
+}
+
+/// Run one scenario: every policy at every load. Progress goes to stderr.
+pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<ScenarioReport> {
+    let scenario = scenario(name, options)?;
+    let engines = scenario.fleet.engine_configs()?;
+    let workload = Arc::new(Workload::new(scenario.workload.clone(), options.seed));
+    let calibration = match options.size {
+        Size::Full => Calibration::FULL,
+        Size::Quick => Calibration::QUICK,
+    };
+
+    eprintln!(
+        "[{}] {} — estimating capacity ...",
+        scenario.name,
+        scenario.fleet.describe()
+    );
+    let capacity = {
+        let engines = engines.clone();
+        let workload = Arc::clone(&workload);
+        let adapters = scenario.fleet.adapters.clone();
+        tokio::task::spawn_blocking(move || {
+            let needed = engines
+                .iter()
+                .map(|cfg| calibration.requests_needed(cfg))
+                .max()
+                .unwrap_or(0);
+            let sample = workload.sample(needed);
+            capacity::fleet_capacity(&engines, &adapters, &sample, calibration)
+        })
+        .await??
+    };
+    eprintln!(
+        "[{}] capacity ≈ {:.1} req/s",
+        scenario.name, capacity.requests_per_s
+    );
+
+    let time_scale = match options.mode {
+        Mode::Virtual => None,
+        Mode::Live => Some(options.time_scale.unwrap_or_else(|| {
+            auto_time_scale(&capacity, &engines, &scenario, options.live_token_budget)
+        })),
+    };
+    let mut results = Vec::new();
+    let mut setup = Setup {
+        about: scenario.about.to_owned(),
+        length: scenario.length.to_string(),
+        client_timeout: options.client_timeout,
+        time_scale,
+        ..Setup::default()
+    };
+    for &load in &scenario.loads {
+        let rate = load * capacity.requests_per_s;
+        let duration = scenario.length.seconds_at(rate);
+        let plans: Option<Vec<_>> = match options.mode {
+            // Live mode sends bodies it serialized before the clock starts.
+            Mode::Live => Some(workload.stream(rate, duration).collect()),
+            Mode::Virtual => None,
+        };
+        let mut requests = None;
+        for policy in &options.policies {
+            let started = Instant::now();
+            let outcomes = match (&plans, time_scale) {
+                (Some(plans), Some(time_scale)) => {
+                    let live = LiveOptions {
+                        gateway: options.gateway.clone(),
+                        time_scale,
+                        client_timeout: options.client_timeout,
+                        ready_timeout: std::time::Duration::from_secs(20),
+                        seed: options.seed,
+                    };
+                    live::run(&scenario.fleet, policy, live::planned(plans), &live).await?
+                }
+                _ => {
+                    let fleet = VirtualFleet {
+                        engines: engines.clone(),
+                        adapters: scenario.fleet.adapters.clone(),
+                    };
+                    let workload = Arc::clone(&workload);
+                    let policy = policy.clone();
+                    let model = scenario.workload.model.clone();
+                    let adapters = scenario.fleet.adapters.clone();
+                    let endpoints: Vec<String> = (0..engines.len())
+                        .map(|i| format!("127.0.0.1:{}", 10_000 + i))
+                        .collect();
+                    let options = options.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let pool = PoolDocument {
+                            model: &model,
+                            adapters: &adapters,
+                            endpoints: &endpoints,
+                            time_scale: 1.0,
+                        };
+                        run_virtual(&fleet, &policy, &pool, &workload, rate, duration, &options)
+                    })
+                    .await??
+                }
+            };
+            let wall = started.elapsed().as_secs_f64();
+            requests.get_or_insert(outcomes.len());
+            let summary = stats::summarize(
+                &policy.to_string(),
+                load,
+                &outcomes,
+                options.client_timeout,
+            );
+            eprintln!("{}", progress_line(scenario.name, &summary, outcomes.len(), wall));
+            setup.wall_seconds.push(wall);
+            results.push(summary);
+        }
+        setup
+            .requests_per_load
+            .push((load, requests.unwrap_or_default()));
+    }
+
+    Ok(ScenarioReport {
+        scenario: scenario.name.to_owned(),
+        mode: options.mode.as_str().to_owned(),
+        seed: options.seed,
+        fleet: fleet_report(&scenario, &engines, &capacity),
+        results,
+        setup,
+    })
+}
+
+/// Run one policy on the workload in virtual time. Requests are prepared
+/// (bodies hashed, prompts tokenized) on a second thread while the event
+/// loop runs.
+pub fn run_virtual(
+    fleet: &VirtualFleet,
+    policy: &PolicyUnderTest,
+    pool: &PoolDocument<'_>,
+    workload: &Workload,
+    rate: f64,
+    duration: f64,
+    options: &SuiteOptions,
+) -> anyhow::Result<Vec<Outcome>> {
+    let (picker, flow_control) = policy::virtual_gateway(policy, pool)?;
+    let prefix = picker.prefix;
+    let virtual_options = VirtualOptions {
+        scrape_interval: options.scrape_interval,
+        scrape_delay: options.scrape_delay,
+        client_timeout: options.client_timeout,
+        flow_control,
+        seed: options.seed,
+    };
+    Ok(std::thread::scope(|scope| {
+        let (tx, rx) = sync_channel::<Vec<Prepared>>(8);
+        scope.spawn(move || {
+            let mut batch = Vec::with_capacity(BATCH);
+            for plan in workload.stream(rate, duration) {
+                batch.push(Prepared::new(&plan, &prefix));
+                if batch.len() == BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                    if tx.send(full).is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send(batch);
+        });
+        virtual_fleet::run(fleet, picker, rx.into_iter().flatten(), &virtual_options)
+    }))
+}
+
+/// A time scale that keeps live mode's token stream within `budget`
+/// tokens per wall second at the scenario's highest load.
+fn auto_time_scale(
+    capacity: &FleetCapacity,
+    engines: &[sim::engine::EngineConfig],
+    scenario: &Scenario,
+    budget: f64,
+) -> f64 {
+    let tokens_per_s: f64 = engines
+        .iter()
+        .filter_map(|cfg| capacity.per_replica.get(cfg.hardware.name))
+        .map(|c| c.output_tokens_per_s)
+        .sum();
+    let peak_load = scenario
+        .loads
+        .iter()
+        .copied()
+        .fold(0.0, f64::max)
+        .min(1.0);
+    let scale = budget / (tokens_per_s * peak_load).max(1.0);
+    // Two significant digits, so the report shows a readable number.
+    let magnitude = 10f64.powf(scale.log10().floor() - 1.0);
+    let rounded = (scale / magnitude).round() * magnitude;
+    let rounded: f64 = format!("{rounded:.3}").parse().unwrap_or(rounded);
+    rounded.clamp(0.01, MAX_TIME_SCALE)
+}
+
+fn fleet_report(
+    scenario: &Scenario,
+    engines: &[sim::engine::EngineConfig],
+    capacity: &FleetCapacity,
+) -> FleetReport {
+    let first = engines.first();
+    FleetReport {
+        description: scenario.fleet.describe(),
+        replicas: scenario.fleet.replicas,
+        hardware: scenario.fleet.replica_hardware(),
+        model: scenario.fleet.model.clone(),
+        tensor_parallel: first.map_or(1, |e| e.tensor_parallel),
+        adapters: scenario.fleet.adapters.len(),
+        max_loras: first.map_or(0, |e| e.max_loras),
+        capacity_requests_per_s: capacity.requests_per_s,
+        replica_capacity: capacity
+            .per_replica
+            .iter()
+            .map(|(hw, c)| {
+                (
+                    hw.clone(),
+                    ReplicaCapacityReport {
+                        requests_per_s: c.requests_per_s,
+                        output_tokens_per_s: c.output_tokens_per_s,
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+fn progress_line(scenario: &str, s: &Summary, requests: usize, wall: f64) -> String {
+    format!(
+        "[{scenario}] load {:>3.0} % {:<16} {requests:>7} requests in {wall:>6.1} s wall: TTFT p95 {}, completed {}, errors {}, 429s {}",
+        s.load * 100.0,
+        s.policy,
+        crate::report::ms(s.ttft_p95_ms),
+        s.completed,
+        s.errors,
+        s.rejected_429,
+    )
+}

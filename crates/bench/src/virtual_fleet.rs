@@ -1,0 +1,741 @@
+//! A fleet in virtual time: the simulator's engine model per replica, the
+//! gateway's picker and flow control, and a modelled scrape loop, driven by
+//! one discrete-event loop.
+//!
+//! What is modelled, and how it maps to the live gateway:
+//! - **Replicas**: one [`Engine`] each, configured exactly as a simulated
+//!   replica with the same spec (per-token events off: first token and
+//!   completion are enough for every reported figure).
+//! - **Picking**: the gateway's own [`picker::Pool`], given the picker
+//!   config the gateway derives from the same config document, a clock
+//!   that is a fixed `Instant` plus the virtual time, and a seeded RNG for
+//!   ties. The load guard of each request is held until its engine reports
+//!   it finished, as the gateway holds it until the response body ends.
+//! - **Signals**: every replica is scraped every `scrape_interval`, each at
+//!   its own phase. A scrape is a snapshot of the engine's stats mapped the
+//!   way the vLLM dialect reads `/metrics`; the picker sees it
+//!   `scrape_delay` later and keeps it until the next one.
+//! - **Flow control**: when the picker finds every replica saturated, the
+//!   request waits in a FIFO line and is dispatched as soon as a replica has
+//!   room (new signals or a finished request), or refused with 429 when
+//!   its wait expires or the line is full: the gateway's defaults for one
+//!   priority band and one fairness key.
+//! - **Clients**: abort a request that has not completed within the client
+//!   timeout.
+//!
+//! Each event costs O(log n) heap work plus the engine step or the pick
+//! itself; idle replicas cost nothing between their scrapes.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use picker::{
+    Endpoint, EngineState, LoadGuard, Observation, PickError, PickRequest, PickerConfig,
+    PrefixConfig,
+};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use sim::engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinishReason, SimRequest};
+
+use crate::stats::Outcome;
+use crate::workload::RequestPlan;
+
+/// Timing of the modelled gateway and clients, in simulated seconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VirtualOptions {
+    /// Scrape period per replica (the gateway's `metrics.interval`).
+    pub scrape_interval: f64,
+    /// From the scrape's snapshot to the picker seeing it (request, render,
+    /// parse).
+    pub scrape_delay: f64,
+    /// Clients give up after this long.
+    pub client_timeout: f64,
+    /// The gateway's admission queue, or `None` to refuse at once.
+    pub flow_control: Option<FlowLimits>,
+    /// Seeds the picker's tie-breaking.
+    pub seed: u64,
+}
+
+/// The admission queue's bounds for the requests' band.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlowLimits {
+    pub max_wait: f64,
+    pub max_queued: usize,
+    pub max_queued_bytes: u64,
+}
+
+/// A request with everything the gateway and the engine derive from its
+/// body, computed ahead of the event loop (on another thread).
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub id: u64,
+    pub at: f64,
+    pub adapter: Option<Arc<str>>,
+    pub prompt: Vec<u32>,
+    pub prefix_hashes: Vec<u64>,
+    pub estimated_tokens: u64,
+    pub max_tokens: u32,
+    /// Body size, for the admission queue's byte bound.
+    pub body_bytes: u64,
+}
+
+/// The gateway's guess of a request's tokens: prompt characters / 4 plus
+/// the requested output (`gateway::request`).
+const CHARS_PER_TOKEN: u64 = 4;
+/// JSON framing around the prompt text of a body, roughly.
+const BODY_OVERHEAD_BYTES: u64 = 160;
+
+impl Prepared {
+    /// What the gateway computes from `plan`'s body: prompt hashes under
+    /// `prefix`, the in-flight token estimate; and the token ids a
+    /// simulated replica computes.
+    pub fn new(plan: &RequestPlan, prefix: &PrefixConfig) -> Self {
+        let body = plan.body(true);
+        let prefix_hashes = picker::prompt_hashes(&plan.model, plan.adapter.as_deref(), &body, prefix);
+        let chars = plan.prompt_chars();
+        Prepared {
+            id: plan.id,
+            at: plan.at,
+            adapter: plan.adapter.clone(),
+            prompt: plan.prompt_ids(),
+            prefix_hashes,
+            estimated_tokens: chars / CHARS_PER_TOKEN + u64::from(plan.max_tokens),
+            max_tokens: plan.max_tokens,
+            body_bytes: chars + BODY_OVERHEAD_BYTES,
+        }
+    }
+}
+
+/// The engine state the gateway's vLLM dialect reads from a replica's
+/// `/metrics` with these stats (a test checks it against the real render
+/// and parse).
+pub fn scraped_state(stats: &EngineStats) -> EngineState {
+    EngineState {
+        waiting: Some(stats.waiting),
+        running: Some(stats.running),
+        kv_usage: Some(stats.kv_usage),
+        block_size: Some(stats.block_size),
+        kv_capacity_blocks: Some(stats.num_gpu_blocks),
+        resident_adapters: stats.running_adapters.clone(),
+        waiting_adapters: stats.waiting_adapters.clone(),
+        max_adapters: Some(stats.max_loras),
+    }
+}
+
+/// Replicas, in fleet order.
+pub struct VirtualFleet {
+    pub engines: Vec<EngineConfig>,
+    /// Adapters registered on every replica.
+    pub adapters: Vec<String>,
+}
+
+/// What happens at a point in virtual time. The order of the variants is
+/// the order at equal times: steps complete before anything looks at the
+/// engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// An engine's `next_event_at` (a step ends or starts).
+    EngineDue,
+    /// A scrape's snapshot becomes visible to the picker.
+    Publish,
+    /// A scrape takes its snapshot.
+    Scrape,
+    /// A queued request's wait expires.
+    QueueExpiry,
+    /// A client gives up.
+    ClientTimeout,
+}
+
+/// A heap entry: time (as ordered bits of a non-negative f64), kind, and
+/// the replica or request it concerns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Event {
+    at: u64,
+    kind: Kind,
+    target: u64,
+}
+
+impl Event {
+    fn new(at: f64, kind: Kind, target: u64) -> Self {
+        debug_assert!(at >= 0.0 && at.is_finite(), "event time {at}");
+        Event {
+            at: at.to_bits(),
+            kind,
+            target,
+        }
+    }
+
+    fn at(&self) -> f64 {
+        f64::from_bits(self.at)
+    }
+}
+
+struct InFlight {
+    arrival: f64,
+    replica: usize,
+    first_token: Option<f64>,
+    /// Released when the request ends, as the gateway releases it when the
+    /// response body ends.
+    _load: LoadGuard,
+}
+
+struct Queued {
+    request: Prepared,
+}
+
+/// Run `requests` (in arrival order, ids 0, 1, 2, ...) through the fleet
+/// under `picker`; returns one outcome per request, in id order.
+pub fn run(
+    fleet: &VirtualFleet,
+    picker: PickerConfig,
+    requests: impl Iterator<Item = Prepared>,
+    options: &VirtualOptions,
+) -> Vec<Outcome> {
+    let mut sim = Simulation::new(fleet, picker, options);
+    sim.run(requests);
+    sim.outcomes
+}
+
+struct Simulation<'a> {
+    options: &'a VirtualOptions,
+    engines: Vec<Engine>,
+    /// The time each engine's live heap entry is for; other entries of
+    /// that engine are stale and skipped.
+    scheduled: Vec<Option<f64>>,
+    endpoints: Vec<Arc<Endpoint>>,
+    pool: picker::Pool,
+    scrapes: bool,
+    /// Snapshots taken and not yet visible.
+    unpublished: Vec<Option<EngineState>>,
+    heap: BinaryHeap<Reverse<Event>>,
+    in_flight: HashMap<u64, InFlight>,
+    line: VecDeque<Queued>,
+    line_bytes: u64,
+    outcomes: Vec<Outcome>,
+    /// Stands for virtual time 0 on the picker's clock.
+    epoch: Instant,
+    rng: SmallRng,
+    events: Vec<EngineEvent>,
+}
+
+impl<'a> Simulation<'a> {
+    fn new(fleet: &VirtualFleet, picker: PickerConfig, options: &'a VirtualOptions) -> Self {
+        let engines: Vec<Engine> = fleet
+            .engines
+            .iter()
+            .map(|cfg| {
+                let mut engine = Engine::new(cfg.clone());
+                engine.set_token_events(false);
+                for adapter in &fleet.adapters {
+                    engine.register_adapter(adapter);
+                }
+                engine
+            })
+            .collect();
+        let endpoints: Vec<Arc<Endpoint>> = (0..engines.len())
+            .map(|i| Endpoint::new(i, format!("replica-{i}")))
+            .collect();
+        let scrapes = picker.policy.uses_signals();
+        let n = engines.len();
+        Simulation {
+            options,
+            scheduled: vec![None; n],
+            pool: picker::Pool::new(picker, endpoints.clone()),
+            endpoints,
+            engines,
+            scrapes,
+            unpublished: vec![None; n],
+            heap: BinaryHeap::new(),
+            in_flight: HashMap::new(),
+            line: VecDeque::new(),
+            line_bytes: 0,
+            outcomes: Vec::new(),
+            epoch: Instant::now(),
+            rng: SmallRng::seed_from_u64(options.seed),
+            events: Vec::new(),
+        }
+    }
+
+    fn clock(&self, at: f64) -> Instant {
+        self.epoch + Duration::from_secs_f64(at)
+    }
+
+    fn run(&mut self, requests: impl Iterator<Item = Prepared>) {
+        let mut requests = requests.peekable();
+        if self.scrapes {
+            // The gateway starts routing once every replica has reported
+            // (the live runner waits for that too); later scrapes are
+            // spread evenly over the interval.
+            let n = self.engines.len();
+            for replica in 0..n {
+                self.publish(replica, 0.0, scraped_state(&self.engines[replica].stats()));
+                let phase = self.options.scrape_interval * (replica as f64 + 1.0) / n as f64;
+                self.push(phase, Kind::Scrape, replica as u64);
+            }
+        }
+        loop {
+            let next_event = self.heap.peek().map(|Reverse(e)| e.at());
+            let next_arrival = requests.peek().map(|r| r.at);
+            match (next_arrival, next_event) {
+                (Some(a), Some(e)) if a < e => {
+                    let request = requests.next().expect("peeked");
+                    self.arrive(request);
+                }
+                (Some(_), None) => {
+                    let request = requests.next().expect("peeked");
+                    self.arrive(request);
+                }
+                (_, Some(_)) => {
+                    if next_arrival.is_none() && self.in_flight.is_empty() && self.line.is_empty()
+                    {
+                        // Only scrapes and stale entries are left.
+                        break;
+                    }
+                    let Reverse(event) = self.heap.pop().expect("peeked");
+                    self.handle(event);
+                }
+                (None, None) => break,
+            }
+        }
+    }
+
+    fn push(&mut self, at: f64, kind: Kind, target: u64) {
+        self.heap.push(Reverse(Event::new(at, kind, target)));
+    }
+
+    fn handle(&mut self, event: Event) {
+        let at = event.at();
+        match event.kind {
+            Kind::EngineDue => self.step(event.target as usize, at),
+            Kind::Publish => {
+                let replica = event.target as usize;
+                if let Some(state) = self.unpublished[replica].take() {
+                    self.publish(replica, at, state);
+                }
+                self.dispatch_line(at);
+            }
+            Kind::Scrape => {
+                let replica = event.target as usize;
+                let state = scraped_state(&self.engines[replica].stats());
+                self.unpublished[replica] = Some(state);
+                self.push(at + self.options.scrape_delay, Kind::Publish, event.target);
+                self.push(at + self.options.scrape_interval, Kind::Scrape, event.target);
+            }
+            Kind::QueueExpiry => {
+                if let Some(position) = self.line.iter().position(|q| q.request.id == event.target)
+                {
+                    let queued = self.line.remove(position).expect("found");
+                    self.line_bytes -= queued.request.body_bytes;
+                    self.outcomes[event.target as usize] = Outcome::rejected(queued.request.at);
+                }
+            }
+            Kind::ClientTimeout => {
+                if let Some(flight) = self.in_flight.get(&event.target) {
+                    let replica = flight.replica;
+                    self.engines[replica].abort(at, event.target);
+                    self.reschedule(replica);
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, replica: usize, at: f64, state: EngineState) {
+        let observation = Observation {
+            state: Some(Arc::new(state)),
+            last_good: Some(self.clock(at)),
+            last_error: None,
+        };
+        self.endpoints[replica]
+            .observation
+            .store(Arc::new(observation));
+    }
+
+    fn arrive(&mut self, request: Prepared) {
+        debug_assert_eq!(request.id as usize, self.outcomes.len(), "ids in order");
+        let at = request.at;
+        // A placeholder until the request ends.
+        self.outcomes.push(Outcome::failed(at));
+        if !self.line.is_empty() {
+            // Nobody overtakes the line.
+            self.enqueue(request);
+            return;
+        }
+        match self.pick(&request, at) {
+            Ok(decision) => self.dispatch(request, decision, at),
+            Err(PickError::Saturated { .. }) if self.options.flow_control.is_some() => {
+                self.enqueue(request);
+            }
+            Err(PickError::Saturated { .. }) => {
+                self.outcomes[request.id as usize] = Outcome::rejected(at);
+            }
+            Err(PickError::NoReplicas | PickError::NoHealthyReplicas { .. }) => {}
+        }
+    }
+
+    fn pick(&mut self, request: &Prepared, at: f64) -> Result<picker::Decision, PickError> {
+        let now = self.clock(at);
+        pick(&self.pool, &mut self.rng, now, request)
+    }
+
+    fn dispatch(&mut self, request: Prepared, decision: picker::Decision, at: f64) {
+        let load = decision.acquire();
+        let replica = decision.index();
+        self.pool.record(replica, &request.prefix_hashes);
+        let id = request.id;
+        self.engines[replica].submit(
+            at,
+            SimRequest {
+                id,
+                prompt: request.prompt,
+                max_tokens: request.max_tokens,
+                adapter: request.adapter.as_deref().map(str::to_owned),
+            },
+        );
+        self.reschedule(replica);
+        self.in_flight.insert(
+            id,
+            InFlight {
+                arrival: request.at,
+                replica,
+                first_token: None,
+                _load: load,
+            },
+        );
+        self.push(
+            request.at + self.options.client_timeout,
+            Kind::ClientTimeout,
+            id,
+        );
+    }
+
+    fn enqueue(&mut self, request: Prepared) {
+        let limits = self
+            .options
+            .flow_control
+            .expect("only queued with flow control");
+        if self.line.len() >= limits.max_queued
+            || self.line_bytes + request.body_bytes > limits.max_queued_bytes
+        {
+            self.outcomes[request.id as usize] = Outcome::rejected(request.at);
+            return;
+        }
+        self.line_bytes += request.body_bytes;
+        self.push(request.at + limits.max_wait, Kind::QueueExpiry, request.id);
+        self.line.push_back(Queued { request });
+    }
+
+    /// Hand waiting requests to replicas while the picker finds room.
+    fn dispatch_line(&mut self, at: f64) {
+        let now = self.clock(at);
+        while let Some(head) = self.line.front() {
+            match pick(&self.pool, &mut self.rng, now, &head.request) {
+                Ok(decision) => {
+                    let queued = self.line.pop_front().expect("head exists");
+                    self.line_bytes -= queued.request.body_bytes;
+                    self.dispatch(queued.request, decision, at);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Keep one live heap entry per engine, at its `next_event_at`.
+    fn reschedule(&mut self, replica: usize) {
+        let next = self.engines[replica].next_event_at();
+        if next != self.scheduled[replica] {
+            self.scheduled[replica] = next;
+            if let Some(at) = next {
+                self.push(at, Kind::EngineDue, replica as u64);
+            }
+        }
+    }
+
+    fn step(&mut self, replica: usize, at: f64) {
+        if self.scheduled[replica] != Some(at) {
+            return; // superseded entry
+        }
+        self.scheduled[replica] = None;
+        let mut events = std::mem::take(&mut self.events);
+        self.engines[replica].advance(at, &mut events);
+        let mut released = false;
+        for event in events.drain(..) {
+            released |= self.on_engine_event(event);
+        }
+        self.events = events;
+        self.reschedule(replica);
+        if released {
+            self.dispatch_line(at);
+        }
+    }
+
+    /// Returns whether a request ended (and released its load).
+    fn on_engine_event(&mut self, event: EngineEvent) -> bool {
+        match event {
+            EngineEvent::FirstToken { id, at, .. } => {
+                if let Some(flight) = self.in_flight.get_mut(&id) {
+                    flight.first_token = Some(at);
+                }
+                false
+            }
+            EngineEvent::Token { .. } => false,
+            EngineEvent::Finished {
+                id,
+                at,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                reason,
+            } => {
+                let Some(flight) = self.in_flight.remove(&id) else {
+                    return false;
+                };
+                let arrival = flight.arrival;
+                let ttft = flight.first_token.map(|t| t - arrival);
+                self.outcomes[id as usize] = match (reason, ttft) {
+                    (FinishReason::Length, Some(ttft)) => Outcome::completed(
+                        arrival,
+                        ttft,
+                        at - arrival,
+                        completion_tokens,
+                        prompt_tokens,
+                        cached_tokens,
+                    ),
+                    _ => Outcome::timed_out(arrival, ttft),
+                };
+                true
+            }
+            EngineEvent::Rejected { id, .. } => {
+                if let Some(flight) = self.in_flight.remove(&id) {
+                    self.outcomes[id as usize] = Outcome::failed(flight.arrival);
+                }
+                true
+            }
+        }
+    }
+}
+
+fn pick(
+    pool: &picker::Pool,
+    rng: &mut SmallRng,
+    now: Instant,
+    request: &Prepared,
+) -> Result<picker::Decision, PickError> {
+    let pick = PickRequest {
+        adapter: request.adapter.as_deref(),
+        prefix_hashes: &request.prefix_hashes,
+        estimated_tokens: request.estimated_tokens,
+        explain: false,
+    };
+    pool.pick(&pick, now, &[], rng)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Status;
+
+    #[test]
+    fn scraped_state_matches_what_the_gateway_parses_from_metrics() {
+        let mut stats = EngineStats {
+            waiting: 3,
+            running: 17,
+            kv_usage: 0.421_875,
+            num_gpu_blocks: 25_919,
+            block_size: 16,
+            running_adapters: vec!["lora-01".into(), "lora-03".into()],
+            waiting_adapters: vec!["lora-07".into()],
+            max_loras: 4,
+            ..EngineStats::default()
+        };
+        let identity = sim::metrics::ReplicaIdentity {
+            model_name: "meta-llama/Llama-3.1-8B-Instruct".into(),
+            max_model_len: 131_072,
+            gpu_memory_utilization: 0.9,
+            enable_prefix_caching: true,
+            started_unix: 1_700_000_000.0,
+        };
+        let mut exporter = sim::metrics::Exporter::new(sim::Dialect::Vllm, identity.clone());
+        let requests = sim::metrics::RequestTracker::new(
+            sim::Dialect::Vllm.latency_buckets(),
+            131_072,
+        );
+        let text = exporter.render(&stats, requests.totals(), 1_700_000_100.0);
+        let parsed = signals::Dialect::Vllm.extract(&text).unwrap();
+        assert_eq!(parsed, scraped_state(&stats));
+
+        // And without LoRA in use.
+        stats.running_adapters.clear();
+        stats.waiting_adapters.clear();
+        stats.max_loras = 1;
+        let mut exporter = sim::metrics::Exporter::new(sim::Dialect::Vllm, identity);
+        let text = exporter.render(&stats, requests.totals(), 1_700_000_200.0);
+        let parsed = signals::Dialect::Vllm.extract(&text).unwrap();
+        assert_eq!(parsed, scraped_state(&stats));
+    }
+
+    fn fleet(replicas: usize) -> VirtualFleet {
+        let cfg = EngineConfig::new("h100", "llama-3.1-8b", None).unwrap();
+        VirtualFleet {
+            engines: vec![cfg; replicas],
+            adapters: Vec::new(),
+        }
+    }
+
+    fn options() -> VirtualOptions {
+        VirtualOptions {
+            scrape_interval: 0.05,
+            scrape_delay: 0.002,
+            client_timeout: 60.0,
+            flow_control: None,
+            seed: 1,
+        }
+    }
+
+    fn request(id: u64, at: f64, prompt_tokens: u32, max_tokens: u32) -> Prepared {
+        Prepared {
+            id,
+            at,
+            adapter: None,
+            prompt: (0..prompt_tokens).map(|t| (id as u32) * 100_000 + t).collect(),
+            prefix_hashes: Vec::new(),
+            estimated_tokens: u64::from(prompt_tokens + max_tokens),
+            max_tokens,
+            body_bytes: 1000,
+        }
+    }
+
+    #[test]
+    fn every_request_completes_with_consistent_timings() {
+        let requests: Vec<Prepared> = (0..200)
+            .map(|i| request(i, i as f64 * 0.02, 300, 40))
+            .collect();
+        for policy in [picker::Policy::RoundRobin, picker::Policy::Scored] {
+            let config = PickerConfig {
+                policy,
+                ..PickerConfig::default()
+            };
+            let outcomes = run(&fleet(3), config, requests.clone().into_iter(), &options());
+            assert_eq!(outcomes.len(), 200);
+            for o in &outcomes {
+                assert_eq!(o.status, Status::Completed, "{policy}: {o:?}");
+                let (ttft, e2e) = (o.ttft.unwrap(), o.e2e.unwrap());
+                assert!(ttft > 0.0 && ttft < e2e, "{o:?}");
+                assert_eq!(o.output_tokens, 40);
+                let itl = o.itl.unwrap();
+                // An H100 decode step of an 8B model takes milliseconds.
+                assert!((0.001..0.05).contains(&itl), "itl {itl}");
+            }
+        }
+    }
+
+    #[test]
+    fn same_inputs_same_outcomes() {
+        let requests: Vec<Prepared> = (0..300)
+            .map(|i| request(i, i as f64 * 0.005, 200 + (i as u32 % 7) * 100, 30))
+            .collect();
+        let config = PickerConfig::default();
+        let a = run(&fleet(4), config.clone(), requests.clone().into_iter(), &options());
+        let b = run(&fleet(4), config, requests.into_iter(), &options());
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn scored_sends_a_shared_prefix_back_to_the_replica_that_cached_it() {
+        use crate::workload::{Message, Role, Text};
+        use rand::SeedableRng;
+
+        let mut rng = SmallRng::seed_from_u64(5);
+        let document = Arc::new(Text::random(2000, &mut rng));
+        let plan = |id: u64, at: f64, rng: &mut SmallRng| RequestPlan {
+            id,
+            at,
+            model: Arc::from("m"),
+            adapter: None,
+            messages: vec![
+                Message {
+                    role: Role::System,
+                    content: Arc::clone(&document),
+                },
+                Message {
+                    role: Role::User,
+                    content: Arc::new(Text::random(50, rng)),
+                },
+            ],
+            max_tokens: 10,
+        };
+        let prefix = PrefixConfig::default();
+        let requests: Vec<Prepared> = (0..4)
+            .map(|i| Prepared::new(&plan(i, i as f64, &mut rng), &prefix))
+            .collect();
+        let cached = |policy| {
+            let config = PickerConfig {
+                policy,
+                ..PickerConfig::default()
+            };
+            run(&fleet(4), config, requests.clone().into_iter(), &options())
+                .iter()
+                .map(|o| o.cached_tokens)
+                .collect::<Vec<_>>()
+        };
+        // Round-robin sends each request to a new replica: nothing cached.
+        assert_eq!(cached(picker::Policy::RoundRobin), [0, 0, 0, 0]);
+        // Scored follows the document: every later request hits it.
+        let scored = cached(picker::Policy::Scored);
+        assert_eq!(scored[0], 0);
+        assert!(scored[1..].iter().all(|&c| c >= 1984), "{scored:?}");
+    }
+
+    #[test]
+    fn client_timeout_aborts_and_counts_the_request() {
+        let requests = vec![request(0, 0.0, 100, 5000)];
+        let options = VirtualOptions {
+            client_timeout: 1.0,
+            ..options()
+        };
+        let outcomes = run(
+            &fleet(1),
+            PickerConfig::default(),
+            requests.into_iter(),
+            &options,
+        );
+        assert_eq!(outcomes[0].status, Status::TimedOut);
+        assert!(outcomes[0].ttft.is_some(), "the first token came in time");
+    }
+
+    #[test]
+    fn saturated_fleet_queues_then_refuses_or_dispatches() {
+        // A tiny KV cache saturates after a few requests.
+        let mut cfg = EngineConfig::new("h100", "llama-3.1-8b", None).unwrap();
+        cfg.num_gpu_blocks_override = Some(200);
+        let fleet = VirtualFleet {
+            engines: vec![cfg],
+            adapters: Vec::new(),
+        };
+        let requests: Vec<Prepared> = (0..60).map(|i| request(i, 0.0005 * i as f64, 600, 200)).collect();
+        let refuse = run(
+            &fleet,
+            PickerConfig::default(),
+            requests.clone().into_iter(),
+            &options(),
+        );
+        let rejected = refuse.iter().filter(|o| o.status == Status::Rejected).count();
+        assert!(rejected > 0, "some requests see a saturated fleet");
+
+        let queue = VirtualOptions {
+            flow_control: Some(FlowLimits {
+                max_wait: 600.0,
+                max_queued: 10_000,
+                max_queued_bytes: u64::MAX,
+            }),
+            client_timeout: 1_000.0,
+            ..options()
+        };
+        let queued = run(&fleet, PickerConfig::default(), requests.into_iter(), &queue);
+        assert!(
+            queued.iter().all(|o| o.status == Status::Completed),
+            "with a patient queue every request is served"
+        );
+    }
+}

@@ -1,0 +1,326 @@
+//! Replica, pool and queue gauges, read from the live state when
+//! `/metrics` is scraped rather than updated on the request path: the
+//! endpoints already hold their latest observation and in-flight load, and
+//! the admission its queue.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use config::Priority;
+use parking_lot::RwLock;
+use picker::Health;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::metrics::Name;
+use crate::admit::Admission;
+
+/// A pool as the collector sees it.
+pub(super) struct LivePool {
+    pub name: Name,
+    pub picker: Arc<picker::Pool>,
+    pub admission: Arc<Admission>,
+    /// Whether readiness needs fresh metrics (scored pools) or only a
+    /// reachable replica.
+    pub uses_signals: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct LiveGauges {
+    pools: Arc<RwLock<Vec<LivePool>>>,
+}
+
+impl std::fmt::Debug for LivePool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LivePool")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveGauges {
+    pub fn new(pools: Arc<RwLock<Vec<LivePool>>>) -> Self {
+        Self { pools }
+    }
+}
+
+/// One replica's state, read once per scrape so every gauge of a replica
+/// describes the same moment.
+struct Row {
+    pool: Name,
+    endpoint: String,
+    inflight: u64,
+    waiting: Option<u64>,
+    running: Option<u64>,
+    kv_usage: Option<f64>,
+    stale: bool,
+    ready: bool,
+    /// Seconds since the last good scrape; `None` before the first.
+    age: Option<f64>,
+    resident: Vec<String>,
+}
+
+struct PoolRow {
+    pool: Name,
+    endpoints: usize,
+    ready: usize,
+    kv_usage_avg: Option<f64>,
+    waiting_avg: Option<f64>,
+    /// Waiting requests and their bytes, by [`Priority`] order.
+    queued: [(usize, u64); 3],
+    dispatched: u64,
+    abandoned: u64,
+}
+
+fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
+    let now = Instant::now();
+    let mut rows = Vec::new();
+    let mut pool_rows = Vec::with_capacity(pools.len());
+    for pool in pools {
+        let stale_after = pool.picker.config().stale_after;
+        let first = rows.len();
+        for e in pool.picker.endpoints().iter() {
+            let obs = e.observation.load();
+            let healthy = picker::health(&obs, now, stale_after) == Health::Healthy;
+            let s = obs.state.as_deref();
+            rows.push(Row {
+                pool: pool.name.clone(),
+                endpoint: e.addr.clone(),
+                inflight: e.load.requests(),
+                waiting: s.and_then(|s| s.waiting),
+                running: s.and_then(|s| s.running),
+                kv_usage: s.and_then(|s| s.kv_usage),
+                stale: !healthy,
+                ready: e.is_reachable() && (healthy || !pool.uses_signals),
+                age: obs
+                    .last_good
+                    .map(|t| now.saturating_duration_since(t).as_secs_f64()),
+                resident: s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
+            });
+        }
+        let mine = &rows[first..];
+        // Averages over replicas whose numbers can be trusted right now.
+        let fresh = || mine.iter().filter(|r| !r.stale);
+        let mean = |values: Vec<f64>| {
+            (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+        };
+        let stats = &pool.admission.stats;
+        pool_rows.push(PoolRow {
+            pool: pool.name.clone(),
+            endpoints: mine.len(),
+            ready: mine.iter().filter(|r| r.ready).count(),
+            kv_usage_avg: mean(fresh().filter_map(|r| r.kv_usage).collect()),
+            waiting_avg: mean(
+                fresh()
+                    .filter_map(|r| r.waiting)
+                    .map(|w| w as f64)
+                    .collect(),
+            ),
+            queued: Priority::ALL.map(|band| pool.admission.queued(band)),
+            dispatched: stats.dispatched.load(std::sync::atomic::Ordering::Relaxed),
+            abandoned: stats.abandoned.load(std::sync::atomic::Ordering::Relaxed),
+        });
+    }
+    (rows, pool_rows)
+}
+
+/// Write one gauge family: `value` returns `None` to leave a series out
+/// (a signal the replica's engine does not report).
+fn gauge<T, V>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: &[T],
+    labels: impl Fn(&T) -> Vec<(&'static str, String)>,
+    value: impl Fn(&T) -> Option<V>,
+) -> std::fmt::Result
+where
+    ConstGauge<V>: EncodeMetric,
+{
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for item in items {
+        if let Some(v) = value(item) {
+            let labels = labels(item);
+            ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+fn counter<T>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    items: &[T],
+    labels: impl Fn(&T) -> Vec<(&'static str, String)>,
+    value: impl Fn(&T) -> u64,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for item in items {
+        let labels = labels(item);
+        ConstCounter::new(value(item)).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn endpoint_labels(r: &Row) -> Vec<(&'static str, String)> {
+    vec![
+        ("pool", r.pool.to_string()),
+        ("endpoint", r.endpoint.clone()),
+    ]
+}
+
+fn pool_labels(p: &PoolRow) -> Vec<(&'static str, String)> {
+    vec![("pool", p.pool.to_string())]
+}
+
+impl Collector for LiveGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let (rows, pools) = read(&self.pools.read());
+        let e = &mut encoder;
+        gauge(
+            e,
+            "infergate_endpoint_inflight",
+            "Requests this gateway has in flight to the replica",
+            &rows,
+            endpoint_labels,
+            |r| Some(r.inflight as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_kv_usage",
+            "Fraction of the replica's KV cache in use (0..1), from its last good scrape",
+            &rows,
+            endpoint_labels,
+            |r| r.kv_usage,
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_waiting",
+            "Requests waiting in the replica's engine queue, from its last good scrape",
+            &rows,
+            endpoint_labels,
+            |r| r.waiting.map(|w| w as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_running",
+            "Requests in the replica's running batch, from its last good scrape",
+            &rows,
+            endpoint_labels,
+            |r| r.running.map(|w| w as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_stale",
+            "1 when the picker does not trust the replica's metrics (stale or failing scrape)",
+            &rows,
+            endpoint_labels,
+            |r| Some(i64::from(r.stale)),
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_metrics_age_seconds",
+            "Age of the replica's last good scrape",
+            &rows,
+            endpoint_labels,
+            |r| r.age,
+        )?;
+        {
+            let mut family = e.encode_descriptor(
+                "infergate_endpoint_adapter",
+                "LoRA adapters resident in the replica's GPU memory, one series per adapter",
+                None,
+                MetricType::Info,
+            )?;
+            for r in &rows {
+                for adapter in &r.resident {
+                    let labels = [
+                        ("pool", r.pool.as_str()),
+                        ("endpoint", r.endpoint.as_str()),
+                        ("adapter", adapter.as_str()),
+                    ];
+                    family.encode_info(&labels)?;
+                }
+            }
+        }
+        gauge(
+            e,
+            "infergate_pool_endpoints",
+            "Replicas in the pool",
+            &pools,
+            pool_labels,
+            |p| Some(p.endpoints as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_pool_ready_endpoints",
+            "Replicas that can take requests: reachable, with fresh metrics when the pool scores on them",
+            &pools,
+            pool_labels,
+            |p| Some(p.ready as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_pool_kv_usage_avg",
+            "Mean KV cache usage over replicas with fresh metrics",
+            &pools,
+            pool_labels,
+            |p| p.kv_usage_avg,
+        )?;
+        gauge(
+            e,
+            "infergate_pool_waiting_avg",
+            "Mean engine queue length over replicas with fresh metrics",
+            &pools,
+            pool_labels,
+            |p| p.waiting_avg,
+        )?;
+        let bands: Vec<(&PoolRow, Priority)> = pools
+            .iter()
+            .flat_map(|p| Priority::ALL.map(|band| (p, band)))
+            .collect();
+        let band_labels = |(p, band): &(&PoolRow, Priority)| {
+            vec![
+                ("pool", p.pool.to_string()),
+                ("priority", band.as_str().to_owned()),
+            ]
+        };
+        gauge(
+            e,
+            "infergate_queue_requests",
+            "Requests waiting in the gateway's flow-control queue",
+            &bands,
+            band_labels,
+            |(p, band)| Some(p.queued[*band as usize].0 as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_queue_bytes",
+            "Request body bytes held by waiting requests",
+            &bands,
+            band_labels,
+            |(p, band)| Some(p.queued[*band as usize].1 as i64),
+        )?;
+        counter(
+            e,
+            "infergate_queue_dispatched",
+            "Requests that waited in flow control and were then sent to a replica",
+            &pools,
+            pool_labels,
+            |p| p.dispatched,
+        )?;
+        counter(
+            e,
+            "infergate_queue_abandoned",
+            "Requests whose client left while they waited in flow control",
+            &pools,
+            pool_labels,
+            |p| p.abandoned,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! The process's `tracing` subscriber: logs on stderr (text or JSON), the
+//! access log in its own format, and span export when configured.
+
+use std::io::IsTerminal;
+
+use tracing::Subscriber;
+use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, Registry};
+
+pub use config::LogFormat;
+
+/// Target of access-log events: one per request, written by the record
+/// stage. `INFERGATE_LOG=info,infergate::access=off` silences them.
+pub const ACCESS_TARGET: &str = "infergate::access";
+/// Environment variable with the log filter (`EnvFilter` syntax).
+pub const LOG_FILTER_ENV: &str = "INFERGATE_LOG";
+const DEFAULT_FILTER: &str = "info";
+
+/// Keeps trace export running; [`TelemetryGuard::shutdown`] flushes the
+/// spans still buffered.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl TelemetryGuard {
+    /// Send the spans still buffered and stop exporting.
+    pub async fn shutdown(mut self) {
+        if let Some(provider) = self.provider.take() {
+            // Blocks until the batch thread has exported, and that export
+            // runs on this runtime: wait for it from a blocking thread.
+            let result = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+            if let Ok(Err(e)) = result {
+                tracing::warn!(error = %e, "trace export did not shut down cleanly");
+            }
+        }
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            // Not shut down explicitly: stop without waiting for a flush
+            // that may need the runtime this thread is blocking.
+            std::thread::spawn(move || provider.shutdown());
+        }
+    }
+}
+
+/// Install the global subscriber: `format` for the process's logs, the
+/// access log as `telemetry.accessLog.format` says (else `format`), and
+/// OTLP span export when `telemetry.otlp` is set. The filter comes from
+/// `INFERGATE_LOG` (default `info`). Call once, inside the Tokio runtime
+/// when exporting.
+pub fn init(format: LogFormat, telemetry: &config::Telemetry) -> anyhow::Result<TelemetryGuard> {
+    let filter = std::env::var(LOG_FILTER_ENV).unwrap_or_else(|_| DEFAULT_FILTER.to_owned());
+    // Fail on a bad filter here rather than silently logging nothing.
+    EnvFilter::try_new(&filter)
+        .map_err(|e| anyhow::anyhow!("{LOG_FILTER_ENV}={filter:?} is not a valid filter: {e}"))?;
+    let ansi = std::io::stderr().is_terminal();
+    let logs = log_layers(
+        format,
+        telemetry.access_log.format,
+        &filter,
+        ansi,
+        std::io::stderr,
+    );
+    let (export, provider) = match &telemetry.otlp {
+        Some(otlp) => {
+            let (tracer, provider) = super::otlp::tracer(otlp)?;
+            (Some(span_export_layer(tracer)), Some(provider))
+        }
+        None => (None, None),
+    };
+    Registry::default()
+        .with(logs)
+        .with(export)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("a logger is already installed: {e}"))?;
+    if let Some(otlp) = &telemetry.otlp {
+        tracing::info!(endpoint = %otlp.traces_url(), service = otlp.service_name(),
+            sample_ratio = otlp.sample_ratio(), "exporting traces over OTLP/HTTP");
+    }
+    Ok(TelemetryGuard { provider })
+}
+
+/// The log layers alone, writing to `writer`: everything but the access
+/// log in `format`, the access log in `access_format` (default `format`).
+/// `filter` applies to both; `ansi` colours text (for a terminal). Public
+/// so tests can capture exactly what the gateway writes.
+pub fn log_layers<S, W>(
+    format: LogFormat,
+    access_format: Option<LogFormat>,
+    filter: &str,
+    ansi: bool,
+    writer: W,
+) -> impl Layer<S> + Send + Sync + 'static
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Clone + Send + Sync + 'static,
+{
+    let env = || EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let general = fmt_layer(format, writer.clone(), ansi, true)
+        .with_filter(env().and(filter_fn(|m| m.target() != ACCESS_TARGET)));
+    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false)
+        .with_filter(env().and(filter_fn(|m| m.target() == ACCESS_TARGET)));
+    general.and_then(access)
+}
+
+fn fmt_layer<S, W>(
+    format: LogFormat,
+    writer: W,
+    ansi: bool,
+    spans: bool,
+) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer
+            .json()
+            .flatten_event(true)
+            .with_current_span(spans)
+            .with_span_list(spans)
+            .boxed(),
+    }
+}
+
+/// Export the gateway's own spans (request and stages), nothing else:
+/// events stay in the logs, other crates' spans stay out.
+pub(super) fn span_export_layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(filter_fn(|m| {
+            m.is_span() && m.target() == super::SPAN_TARGET
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Buffer {
+        type Writer = Buffer;
+        fn make_writer(&'a self) -> Buffer {
+            self.clone()
+        }
+    }
+
+    #[test]
+    fn access_log_has_its_own_format() {
+        let buffer = Buffer::default();
+        let subscriber = Registry::default().with(log_layers(
+            LogFormat::Text,
+            Some(LogFormat::Json),
+            "info",
+            false,
+            buffer.clone(),
+        ));
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(target: ACCESS_TARGET, request_id = "r1", status = 200u16);
+            tracing::info!(answer = 42, "plain line");
+            tracing::debug!("filtered out");
+        });
+        let text = String::from_utf8(buffer.0.lock().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        let access: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(access["request_id"], "r1");
+        assert_eq!(access["status"], 200);
+        assert_eq!(access["target"], ACCESS_TARGET);
+        assert!(lines[1].contains("plain line") && lines[1].contains("answer=42"));
+        assert!(serde_json::from_str::<serde_json::Value>(lines[1]).is_err());
+    }
+}

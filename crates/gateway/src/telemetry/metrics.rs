@@ -1,0 +1,643 @@
+//! The gateway's Prometheus metrics: one registry, families with bounded
+//! labels, and handles resolved once per pool, model and replica so the
+//! request path never builds a label set or allocates to count something.
+//!
+//! Replica and pool gauges (in-flight, KV usage, queue, staleness) are not
+//! kept here: they are read from the live endpoints when `/metrics` is
+//! scraped (see [`super::live`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use config::Priority;
+use parking_lot::RwLock;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::live::{LiveGauges, LivePool};
+use crate::admit::Admission;
+
+/// Request latencies: 5 ms (a fast decode step) to 60 s (a long
+/// generation), about three buckets per decade so quantiles stay within
+/// ~30 % anywhere in that range.
+const LATENCY_BUCKETS: [f64; 22] = [
+    0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 4.0,
+    6.0, 10.0, 15.0, 25.0, 40.0, 60.0,
+];
+/// One pick costs microseconds; anything near a millisecond is a problem.
+const PICK_BUCKETS: [f64; 12] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2,
+];
+/// A `/metrics` scrape on a local network takes around a millisecond;
+/// the default scrape timeout is 500 ms.
+const SCRAPE_BUCKETS: [f64; 11] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+fn pick_histogram() -> Histogram {
+    Histogram::new(PICK_BUCKETS)
+}
+fn scrape_histogram() -> Histogram {
+    Histogram::new(SCRAPE_BUCKETS)
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// A label value shared by every series of a pool, model or replica:
+/// cloning it for a lookup is a reference-count increment.
+pub(super) type Name = Arc<String>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    pool: Name,
+    model: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    pool: Name,
+    model: Name,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    pool: Name,
+    endpoint: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusedLabels {
+    pool: Name,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabels {
+    pool: Name,
+    priority: &'static str,
+}
+
+/// Every registered family. Families share their series through an `Arc`,
+/// so these clones and the registry's see the same values.
+#[derive(Clone)]
+struct Families {
+    requests: Family<RequestLabels, Counter>,
+    request_duration: HistogramFamily<RouteLabels>,
+    ttft: HistogramFamily<RouteLabels>,
+    inter_token: HistogramFamily<RouteLabels>,
+    prompt_tokens: Family<RouteLabels, Counter>,
+    completion_tokens: Family<RouteLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
+    retries: Family<PoolLabels, Counter>,
+    pick_duration: HistogramFamily<PoolLabels>,
+    pick_fallbacks: Family<PoolLabels, Counter>,
+    routing_decisions: Family<EndpointLabels, Counter>,
+    scrape_errors: Family<EndpointLabels, Counter>,
+    scrape_duration: HistogramFamily<EndpointLabels>,
+    queue_wait: HistogramFamily<QueueLabels>,
+}
+
+impl Families {
+    /// Counters are registered without `_total`: the OpenMetrics encoder
+    /// appends it.
+    fn register(registry: &mut Registry) -> Self {
+        let f = Self {
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
+            ttft: Family::new_with_constructor(latency_histogram),
+            inter_token: Family::new_with_constructor(latency_histogram),
+            prompt_tokens: Family::default(),
+            completion_tokens: Family::default(),
+            refused: Family::default(),
+            retries: Family::default(),
+            pick_duration: Family::new_with_constructor(pick_histogram),
+            pick_fallbacks: Family::default(),
+            routing_decisions: Family::default(),
+            scrape_errors: Family::default(),
+            scrape_duration: Family::new_with_constructor(scrape_histogram),
+            queue_wait: Family::new_with_constructor(latency_histogram),
+        };
+        registry.register(
+            "infergate_requests",
+            "Requests that reached routing, by final HTTP status (pool and model empty when the model is unknown)",
+            f.requests.clone(),
+        );
+        registry.register(
+            "infergate_request_duration_seconds",
+            "From the request's arrival to the end of its response body",
+            f.request_duration.clone(),
+        );
+        registry.register(
+            "infergate_ttft_seconds",
+            "Time to first token at the gateway: first streamed event, or the whole body when not streaming (successful responses only)",
+            f.ttft.clone(),
+        );
+        registry.register(
+            "infergate_inter_token_seconds",
+            "Time between consecutive streamed events of a response",
+            f.inter_token.clone(),
+        );
+        registry.register(
+            "infergate_prompt_tokens",
+            "Prompt tokens, from the usage the replica reported",
+            f.prompt_tokens.clone(),
+        );
+        registry.register(
+            "infergate_completion_tokens",
+            "Completion tokens, from the usage the replica reported",
+            f.completion_tokens.clone(),
+        );
+        registry.register(
+            "infergate_refused",
+            "Requests the gateway answered itself with an error after routing, by reason",
+            f.refused.clone(),
+        );
+        registry.register(
+            "infergate_retries",
+            "Requests sent to another replica after a replica failed before answering",
+            f.retries.clone(),
+        );
+        registry.register(
+            "infergate_pick_duration_seconds",
+            "Time the endpoint picker took to choose a replica",
+            f.pick_duration.clone(),
+        );
+        registry.register(
+            "infergate_pick_fallbacks",
+            "Replicas chosen by least-request because no replica had fresh metrics",
+            f.pick_fallbacks.clone(),
+        );
+        registry.register(
+            "infergate_routing_decisions",
+            "Requests sent to each replica (retries included)",
+            f.routing_decisions.clone(),
+        );
+        registry.register(
+            "infergate_endpoint_scrape_errors",
+            "Failed scrapes of the replica's metrics (or failed probes)",
+            f.scrape_errors.clone(),
+        );
+        registry.register(
+            "infergate_endpoint_scrape_duration_seconds",
+            "Time one scrape of the replica's metrics took",
+            f.scrape_duration.clone(),
+        );
+        registry.register(
+            "infergate_queue_wait_seconds",
+            "Time admitted requests waited in flow control (0 when a replica had room at once)",
+            f.queue_wait.clone(),
+        );
+        f
+    }
+}
+
+/// The gateway's metrics registry. Built before the pools, which register
+/// themselves with [`Metrics::pool`]; encoded on every `/metrics` scrape.
+pub struct Metrics {
+    registry: Registry,
+    families: Families,
+    live: Arc<RwLock<Vec<LivePool>>>,
+    /// Series for requests whose model no pool serves; made on first use so
+    /// a gateway that never sees one exports no empty series for it.
+    unrouted: OnceLock<Arc<RouteMetrics>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let families = Families::register(&mut registry);
+        let live = Arc::new(RwLock::new(Vec::new()));
+        registry.register_collector(Box::new(LiveGauges::new(Arc::clone(&live))));
+        Self {
+            registry,
+            families,
+            live,
+            unrouted: OnceLock::new(),
+        }
+    }
+
+    /// Resolve every handle a pool needs, and export its replicas' and
+    /// queues' live state from now on.
+    pub fn pool(
+        &self,
+        spec: &config::Pool,
+        picker: &Arc<picker::Pool>,
+        admission: &Arc<Admission>,
+    ) -> PoolMetrics {
+        let pool = Name::new(spec.name.clone());
+        let f = &self.families;
+        let retries = f
+            .retries
+            .get_or_create(&PoolLabels { pool: pool.clone() })
+            .clone();
+        let queue_wait = Priority::ALL.map(|band| {
+            f.queue_wait
+                .get_or_create(&QueueLabels {
+                    pool: pool.clone(),
+                    priority: band.as_str(),
+                })
+                .clone()
+        });
+        let routes = spec
+            .models
+            .iter()
+            .chain(&spec.adapters)
+            .map(|model| {
+                let pool_handles = PoolHandles {
+                    retries: &retries,
+                    queue_wait: &queue_wait,
+                };
+                let route =
+                    RouteMetrics::new(f, pool.clone(), Name::new(model.clone()), pool_handles);
+                (model.clone(), Arc::new(route))
+            })
+            .collect();
+        let endpoints = picker
+            .endpoints()
+            .iter()
+            .map(|e| EndpointMetrics::new(f, &pool, &e.addr))
+            .collect();
+        self.live.write().push(LivePool {
+            name: pool.clone(),
+            picker: Arc::clone(picker),
+            admission: Arc::clone(admission),
+            uses_signals: picker.config().policy.uses_signals(),
+        });
+        PoolMetrics {
+            pick_duration: f
+                .pick_duration
+                .get_or_create(&PoolLabels { pool: pool.clone() })
+                .clone(),
+            pick_fallbacks: f
+                .pick_fallbacks
+                .get_or_create(&PoolLabels { pool: pool.clone() })
+                .clone(),
+            name: pool,
+            families: f.clone(),
+            routes,
+            endpoints,
+        }
+    }
+
+    /// Handles for a request whose model no pool serves: counted under
+    /// `pool=""`, `model=""`, never under the unknown name (label values
+    /// must stay bounded).
+    pub fn unrouted(&self) -> Arc<RouteMetrics> {
+        Arc::clone(self.unrouted.get_or_init(|| {
+            // Never refused, retried or queued: no pool is known. These
+            // handles are not registered.
+            let detached = PoolHandles {
+                retries: &Counter::default(),
+                queue_wait: &std::array::from_fn(|_| latency_histogram()),
+            };
+            let none = Name::default();
+            Arc::new(RouteMetrics::new(
+                &self.families,
+                none.clone(),
+                none,
+                detached,
+            ))
+        }))
+    }
+
+    /// The OpenMetrics text exposition of everything, `# EOF` included.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(64 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// A pool's handles, resolved at startup.
+pub struct PoolMetrics {
+    name: Name,
+    families: Families,
+    /// By model or adapter name, as clients write it.
+    routes: HashMap<String, Arc<RouteMetrics>>,
+    /// By endpoint index, for the membership the pool started with.
+    endpoints: Vec<EndpointMetrics>,
+    pick_duration: Histogram,
+    pick_fallbacks: Counter,
+}
+
+impl PoolMetrics {
+    /// Handles for requests naming `model` (a model or adapter this pool
+    /// serves).
+    pub fn route(&self, model: &str) -> Option<Arc<RouteMetrics>> {
+        self.routes.get(model).cloned()
+    }
+
+    /// Handles of one replica. Replicas that joined after startup get
+    /// theirs from the family (a label lookup, only for them).
+    pub fn endpoint(&self, endpoint: &picker::Endpoint) -> EndpointMetrics {
+        match self.endpoints.get(endpoint.index) {
+            Some(m) if *m.addr == endpoint.addr => m.clone(),
+            _ => EndpointMetrics::new(&self.families, &self.name, &endpoint.addr),
+        }
+    }
+
+    /// One request was sent to the replica `decision` chose.
+    pub fn count_decision(&self, decision: &picker::Decision) {
+        if decision.fallback {
+            self.pick_fallbacks.inc();
+        }
+        let endpoint = &*decision.endpoint;
+        match self.endpoints.get(endpoint.index) {
+            Some(m) if *m.addr == endpoint.addr => {
+                m.decisions.inc();
+            }
+            _ => {
+                self.endpoint(endpoint).decisions.inc();
+            }
+        }
+    }
+
+    pub fn observe_pick(&self, took: Duration) {
+        self.pick_duration.observe(took.as_secs_f64());
+    }
+}
+
+/// A pool's handles every route of the pool shares.
+#[derive(Clone, Copy)]
+struct PoolHandles<'a> {
+    retries: &'a Counter,
+    /// By [`Priority`] order.
+    queue_wait: &'a [Histogram; 3],
+}
+
+/// One replica's handles.
+#[derive(Clone)]
+pub struct EndpointMetrics {
+    addr: Name,
+    decisions: Counter,
+    scrape_errors: Counter,
+    scrape_duration: Histogram,
+}
+
+impl EndpointMetrics {
+    fn new(f: &Families, pool: &Name, addr: &str) -> Self {
+        let labels = EndpointLabels {
+            pool: pool.clone(),
+            endpoint: Name::new(addr.to_owned()),
+        };
+        Self {
+            decisions: f.routing_decisions.get_or_create(&labels).clone(),
+            scrape_errors: f.scrape_errors.get_or_create(&labels).clone(),
+            scrape_duration: f.scrape_duration.get_or_create(&labels).clone(),
+            addr: labels.endpoint,
+        }
+    }
+
+    /// Called by the replica's scraper after every scrape.
+    pub fn observe_scrape(&self, report: signals::ScrapeReport) {
+        self.scrape_duration.observe(report.duration.as_secs_f64());
+        if report.failed {
+            self.scrape_errors.inc();
+        }
+    }
+
+    pub fn scrape_errors(&self) -> u64 {
+        self.scrape_errors.get()
+    }
+}
+
+/// Handles for one (pool, model) pair, carried by a request's record from
+/// routing to the end of its response.
+pub struct RouteMetrics {
+    pool: Name,
+    model: Name,
+    requests: Family<RequestLabels, Counter>,
+    refused: Family<RefusedLabels, Counter>,
+    retries: Counter,
+    queue_wait: [Histogram; 3],
+    duration: Histogram,
+    ttft: Histogram,
+    inter_token: Histogram,
+    prompt_tokens: Counter,
+    completion_tokens: Counter,
+}
+
+impl std::fmt::Debug for RouteMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteMetrics")
+            .field("pool", &self.pool)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouteMetrics {
+    fn new(f: &Families, pool: Name, model: Name, shared: PoolHandles<'_>) -> Self {
+        let labels = RouteLabels {
+            pool: pool.clone(),
+            model: model.clone(),
+        };
+        Self {
+            requests: f.requests.clone(),
+            refused: f.refused.clone(),
+            retries: shared.retries.clone(),
+            queue_wait: shared.queue_wait.clone(),
+            duration: f.request_duration.get_or_create(&labels).clone(),
+            ttft: f.ttft.get_or_create(&labels).clone(),
+            inter_token: f.inter_token.get_or_create(&labels).clone(),
+            prompt_tokens: f.prompt_tokens.get_or_create(&labels).clone(),
+            completion_tokens: f.completion_tokens.get_or_create(&labels).clone(),
+            pool,
+            model,
+        }
+    }
+
+    /// The pool's name; empty for a model no pool serves.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// The request's final status. A lookup in the family by status code:
+    /// no allocation once a code has been seen.
+    pub fn count_request(&self, code: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                pool: self.pool.clone(),
+                model: self.model.clone(),
+                code,
+            })
+            .inc();
+    }
+
+    /// The gateway refused the request for `reason` (one of a fixed set).
+    /// Not counted when no pool is known.
+    pub fn count_refusal(&self, reason: &'static str) {
+        if self.pool.is_empty() {
+            return;
+        }
+        self.refused
+            .get_or_create(&RefusedLabels {
+                pool: self.pool.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    pub fn count_retries(&self, retries: u32) {
+        if retries > 0 {
+            self.retries.inc_by(u64::from(retries));
+        }
+    }
+
+    pub fn observe_queue_wait(&self, band: Priority, waited: Duration) {
+        self.queue_wait[band as usize].observe(waited.as_secs_f64());
+    }
+
+    pub fn observe_duration(&self, d: Duration) {
+        self.duration.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        self.ttft.observe(d.as_secs_f64());
+    }
+
+    pub fn observe_inter_token(&self, d: Duration) {
+        self.inter_token.observe(d.as_secs_f64());
+    }
+
+    pub fn count_tokens(&self, prompt: Option<u64>, completion: Option<u64>) {
+        if let Some(n) = prompt {
+            self.prompt_tokens.inc_by(n);
+        }
+        if let Some(n) = completion {
+            self.completion_tokens.inc_by(n);
+        }
+    }
+}
+
+/// A refusal's `reason` label: flow control's own reason when it refused,
+/// otherwise one named after the error's code. Always one of a fixed set.
+pub fn refusal_reason(error: &crate::error::ApiError) -> &'static str {
+    if let Some(reason) = error.dropped_reason {
+        return reason;
+    }
+    match error.code {
+        Some("pool_saturated") => "saturated",
+        Some("queue_full") => "queue-full",
+        Some("wait_expired") => "wait-expired",
+        Some("no_replicas") => "no-replicas",
+        Some("upstream_timeout") => "upstream-timeout",
+        Some("upstream_error") => "upstream-failed",
+        Some("shutting_down") => "shutting-down",
+        Some("model_not_found") => "model-not-found",
+        _ if error.status == http::StatusCode::BAD_REQUEST => "invalid-request",
+        _ => "other",
+    }
+}
+
+/// Names the exposition of `encoded` contains, as sample lines write them
+/// (`_total`, `_bucket`, `_info` suffixes included).
+pub fn sample_names(encoded: &str) -> std::collections::BTreeSet<&str> {
+    encoded
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(encoded: &'a str, prefix: &str) -> Option<&'a str> {
+        encoded.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn counters_and_histograms_encode_with_their_labels() {
+        let metrics = Metrics::new();
+        let queue_wait = std::array::from_fn(|_| latency_histogram());
+        let shared = PoolHandles {
+            retries: &Counter::default(),
+            queue_wait: &queue_wait,
+        };
+        let route = RouteMetrics::new(
+            &metrics.families,
+            Name::new("p".into()),
+            Name::new("m".into()),
+            shared,
+        );
+        route.count_request(200);
+        route.count_request(200);
+        route.count_request(404);
+        route.count_refusal("saturated");
+        route.observe_ttft(Duration::from_millis(30));
+        route.count_tokens(Some(7), None);
+        let out = metrics.encode();
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        assert_eq!(
+            line(
+                &out,
+                "infergate_requests_total{pool=\"p\",model=\"m\",code=\"200\"}"
+            ),
+            Some("infergate_requests_total{pool=\"p\",model=\"m\",code=\"200\"} 2")
+        );
+        assert!(out.contains("infergate_requests_total{pool=\"p\",model=\"m\",code=\"404\"} 1"));
+        assert!(out.contains("infergate_refused_total{pool=\"p\",reason=\"saturated\"} 1"));
+        assert!(
+            out.contains("infergate_ttft_seconds_bucket{le=\"0.035\",pool=\"p\",model=\"m\"} 1")
+        );
+        assert!(
+            out.contains("infergate_ttft_seconds_bucket{le=\"0.02\",pool=\"p\",model=\"m\"} 0")
+        );
+        assert!(out.contains("infergate_ttft_seconds_count{pool=\"p\",model=\"m\"} 1"));
+        assert!(out.contains("infergate_prompt_tokens_total{pool=\"p\",model=\"m\"} 7"));
+    }
+
+    #[test]
+    fn unrouted_requests_have_empty_labels_and_no_refusals() {
+        let metrics = Metrics::new();
+        let unrouted = metrics.unrouted();
+        unrouted.count_request(404);
+        unrouted.count_refusal("model-not-found");
+        assert!(Arc::ptr_eq(&unrouted, &metrics.unrouted()));
+        let out = metrics.encode();
+        assert!(out.contains("infergate_requests_total{pool=\"\",model=\"\",code=\"404\"} 1"));
+        assert!(!out.contains("infergate_refused_total{"), "{out}");
+    }
+
+    #[test]
+    fn sample_names_keep_suffixes() {
+        let names = sample_names(
+            "# TYPE a counter\na_total{x=\"1\"} 1\nb_bucket{le=\"1\"} 0\nc 3\n# EOF\n",
+        );
+        assert_eq!(
+            names.into_iter().collect::<Vec<_>>(),
+            ["a_total", "b_bucket", "c"]
+        );
+    }
+
+    #[test]
+    fn latency_buckets_resolve_10ms_to_60s() {
+        assert!(LATENCY_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        const { assert!(LATENCY_BUCKETS[0] <= 0.01) };
+        assert_eq!(*LATENCY_BUCKETS.last().unwrap(), 60.0);
+        // No gap wider than a factor of 2.5 between neighbours.
+        assert!(LATENCY_BUCKETS.windows(2).all(|w| w[1] / w[0] <= 2.5));
+    }
+}

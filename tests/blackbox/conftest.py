@@ -1,0 +1,53 @@
+"""Start the real `infergate` binary the way a user does: `infergate serve`
+with no config (the demo fleet), on free ports."""
+
+import os
+import re
+import subprocess
+import threading
+
+import pytest
+
+BINARY = os.environ.get("INFERGATE_BIN", "target/debug/infergate")
+
+
+class Gateway:
+    def __init__(self, proc, addr, admin, pools):
+        self.proc = proc
+        self.addr = addr
+        self.admin = admin
+        self.pools = pools  # pool name -> [replica addresses]
+
+    @property
+    def base_url(self):
+        return f"http://{self.addr}/v1"
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    proc = subprocess.Popen(
+        [BINARY, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    addr, admin, pools = None, None, {}
+    timer = threading.Timer(60, proc.kill)  # never hang the suite
+    timer.start()
+    for line in proc.stdout:
+        if m := re.match(r"infergate demo: a gateway on http://(\S+)", line):
+            addr = m.group(1)
+        elif m := re.match(r"\s+pool (\S+): (.*)", line):
+            pools[m.group(1)] = [a.strip() for a in m.group(2).split(",")]
+        elif m := re.match(r"\s+admin: http://([^/]+)/", line):
+            admin = m.group(1)
+        elif line.startswith("Press Ctrl-C"):
+            break
+    timer.cancel()
+    assert addr, "the demo did not print its address"
+    yield Gateway(proc, addr, admin, pools)
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
