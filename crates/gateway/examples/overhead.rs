@@ -4,9 +4,10 @@
 //!
 //! - Maximum rate: `wrk` with 32 connections against each target.
 //! - Added latency: an open-loop load at a fixed rate (default 1,000 req/s)
-//!   of small non-streaming requests; latency is measured from each
-//!   request's scheduled send time, so a stall is not hidden by sending
-//!   later (no coordinated omission).
+//!   of small non-streaming requests. Latency runs from the moment a request
+//!   is due (after the timer fired, whose millisecond granularity would
+//!   otherwise dominate) and includes any wait for a free connection, so a
+//!   stalled target is not hidden by sending later.
 //!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
@@ -23,7 +24,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 
-const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"Say hi"}],"max_tokens":1}"#;
+const BODY: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"Say hi"}],"max_tokens":1}"#;
 const REPLY: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
 
 struct Args {
@@ -118,7 +120,12 @@ fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> f64 {
     )
     .unwrap();
     let out = Command::new("wrk")
-        .args(["-t2", &format!("-c{connections}"), &format!("-d{seconds}s"), "-s"])
+        .args([
+            "-t2",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "-s",
+        ])
         .arg(&script)
         .arg(url)
         .output()
@@ -165,6 +172,7 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> La
     for i in 0..total {
         let scheduled = start + interval * i as u32;
         tokio::time::sleep_until(scheduled).await;
+        let due = tokio::time::Instant::now();
         // Every connection busy means the target is behind; the request
         // waits for one, and that wait counts in its latency.
         let mut sender = free_rx.recv().await.unwrap();
@@ -183,7 +191,7 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> La
                 }
                 Err(_) => false,
             };
-            let _ = done_tx.send((scheduled.elapsed(), ok));
+            let _ = done_tx.send((due.elapsed(), ok));
             let _ = free_tx.send(sender);
         });
     }
@@ -270,7 +278,12 @@ fn main() {
     let mut rows = Vec::new();
     for (name, port) in targets {
         eprintln!("{name}: max rate ({} connections)", args.connections);
-        let max = wrk(&format!("http://127.0.0.1:{port}{path}"), args.connections, args.seconds, dir.path());
+        let max = wrk(
+            &format!("http://127.0.0.1:{port}{path}"),
+            args.connections,
+            args.seconds,
+            dir.path(),
+        );
         eprintln!("{name}: latency at {} req/s", args.rate);
         let lat = runtime.block_on(fixed_rate(addr(port), path, args.rate, args.seconds));
         rows.push((name, max, lat));

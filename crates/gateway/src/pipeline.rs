@@ -202,7 +202,7 @@ async fn infer(
             Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
             Ok(Err(e)) => {
                 // Nothing reached the client yet, so another replica may try.
-                // The load guard is released at the end of this arm.
+                // Replacing `admitted` below releases this replica's load.
                 if e.is_connect() {
                     endpoint.set_reachable(false);
                 }
@@ -309,7 +309,7 @@ fn request_id(req: &Request<Incoming>) -> HeaderValue {
 
 fn readiness(state: &State) -> Response<ResponseBody> {
     let now = std::time::Instant::now();
-    if state.pools.iter().any(|p| p.is_ready(now)) {
+    if !state.is_shutting_down() && state.pools.iter().any(|p| p.is_ready(now)) {
         text(StatusCode::OK, "ready")
     } else {
         text(

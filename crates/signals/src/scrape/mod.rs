@@ -97,6 +97,10 @@ pub fn spawn_reporting_scraper(
     Scraper { task }
 }
 
+/// Shortest period between reachability probes of a replica without
+/// metrics.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
 async fn run(
     endpoint: Arc<Endpoint>,
     cfg: ScrapeConfig,
@@ -121,8 +125,13 @@ async fn run(
         None
     };
     // `interval` panics on zero; a zero interval can only mean "as often as
-    // reasonable".
-    let mut ticker = tokio::time::interval(cfg.interval.max(Duration::from_millis(1)));
+    // reasonable". A reachability probe opens a new connection each time,
+    // and nothing but reachability depends on it, so it runs less often.
+    let period = match target {
+        Some(_) => cfg.interval.max(Duration::from_millis(1)),
+        None => cfg.interval.max(PROBE_INTERVAL),
+    };
+    let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
