@@ -462,3 +462,72 @@ async fn health_and_readiness() {
         .unwrap();
     assert_eq!(readyz.status(), 200);
 }
+
+#[tokio::test]
+async fn h2c_pools_are_reached_over_http2() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let pools = format!(
+        "    - {{name: p, engine: none, protocol: h2c, models: [m], endpoints: [\"{}\"]}}\n",
+        a.addr
+    );
+    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(chat(&gw, "m").await.status(), 200);
+    }
+    assert!(
+        a.received()
+            .iter()
+            .all(|r| r.version == http::Version::HTTP_2)
+    );
+}
+
+#[tokio::test]
+async fn a_replica_slow_to_answer_is_a_504_and_is_not_retried() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let slow = FakeReplica::start("slow", Behaviour::Held(Arc::clone(&gate))).await;
+    let other = FakeReplica::start("other", Behaviour::Echo).await;
+    let cfg = config(
+        "  timeouts: {firstByte: 200ms}\n",
+        &pool("p", "m", "", &[&slow, &other], "round-robin"),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let (status, body) = error_of(chat(&gw, "m").await).await;
+    assert_eq!(status, 504);
+    assert_eq!(body["error"]["code"], "upstream_timeout");
+    // The slow replica may still be generating: the work is not sent twice.
+    assert_eq!(other.count(), 0);
+    gate.add_permits(1);
+}
+
+#[tokio::test]
+async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
+    let a = FakeReplica::start("a", Behaviour::Stream).await;
+    let cfg = config(
+        "  timeouts: {idle: 300ms}\n",
+        &pool("p", "m", "", &[&a], "round-robin"),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let url = format!("http://{}{CHAT}", gw.addr());
+    let request = tokio::spawn(async move {
+        client()
+            .post(url)
+            .body(r#"{"model":"m","stream":true}"#)
+            .send()
+            .await
+            .unwrap()
+    });
+    let events = a.next_stream().await;
+    events
+        .send(Bytes::from_static(b"data: 1\n\n"))
+        .await
+        .unwrap();
+    let mut body = request.await.unwrap().bytes_stream();
+    assert_eq!(body.next().await.unwrap().unwrap(), "data: 1\n\n");
+    // The replica keeps the stream open but sends nothing more: the client
+    // sees the stream end in an error instead of hanging forever.
+    let end = tokio::time::timeout(Duration::from_secs(10), body.next())
+        .await
+        .expect("the quiet stream was not cut");
+    assert!(matches!(end, Some(Err(_))), "{end:?}");
+    drop(events);
+}

@@ -22,6 +22,7 @@ pub type FakeBody = BoxBody<Bytes, Infallible>;
 /// What a fake replica received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    pub version: http::Version,
     pub method: http::Method,
     pub path: String,
     pub headers: http::HeaderMap,
@@ -204,6 +205,7 @@ impl Ctx {
         let (parts, body) = req.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
         self.received.lock().push(Received {
+            version: parts.version,
             method: parts.method,
             path: parts.uri.path().to_owned(),
             headers: parts.headers,
