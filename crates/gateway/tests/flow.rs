@@ -26,8 +26,8 @@ fn saturable(replica: &FakeReplica, flow: &str) -> config::InferenceGatewayConfi
     )
 }
 
-/// Wait until the gateway has scraped `waiting` for the replica.
-async fn sees_waiting(gw: &Gateway, waiting: u64) {
+/// Wait until `/debug/pools` shows `value` in the replica's `field`.
+async fn debug_shows(gw: &Gateway, field: &str, value: Value) {
     let url = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
     tokio::time::timeout(DEADLINE, async {
         loop {
@@ -39,19 +39,19 @@ async fn sees_waiting(gw: &Gateway, waiting: u64) {
                 .json()
                 .await
                 .unwrap();
-            if pools["pools"][0]["endpoints"][0]["waiting"] == json!(waiting) {
+            if pools["pools"][0]["endpoints"][0][field] == value {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await
-    .expect("the gateway never saw the replica's metrics");
+    .unwrap_or_else(|_| panic!("/debug/pools never showed {field} = {value}"));
 }
 
 async fn saturate(gw: &Gateway, replica: &FakeReplica) {
     replica.set_metrics(&vllm_metrics(3, 8, 0.5, &[]));
-    sees_waiting(gw, 3).await;
+    debug_shows(gw, "waiting", json!(3)).await;
 }
 
 fn release(replica: &FakeReplica) {
@@ -233,25 +233,7 @@ async fn a_pool_with_no_reachable_replica_answers_503() {
     let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
     saturate(&gw, &replica).await;
     replica.kill();
-    let url = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
-    tokio::time::timeout(DEADLINE, async {
-        loop {
-            let pools: Value = client()
-                .get(&url)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if pools["pools"][0]["endpoints"][0]["reachable"] == json!(false) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
     let resp = send(&gw, "s", None, None).await.unwrap();
     assert_eq!(resp.status(), 503);
     assert_eq!(dropped_reason(&resp), Some("no-replicas"));
