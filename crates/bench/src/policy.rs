@@ -136,9 +136,7 @@ pub fn gateway_config(
 ) -> anyhow::Result<(String, config::InferenceGatewayConfig)> {
     let picker_defaults = picker::PickerConfig::default();
     let defaults = config::FlowControl::default();
-    let band = |band: config::Priority| {
-        json!({"maxWait": pool.scaled(defaults.band(band).max_wait(band))})
-    };
+    let band = |band: config::Priority| json!({"maxWait": pool.scaled(defaults.band(band).max_wait(band))});
     let mut scheduling = json!({
         "policy": policy.policy,
         "metrics": {
@@ -227,9 +225,15 @@ mod tests {
         }
         let latency: PolicyUnderTest = "latency".parse().unwrap();
         assert_eq!(latency.to_string(), "scored:latency");
-        assert_eq!("scored:latency".parse::<PolicyUnderTest>().unwrap(), latency);
         assert_eq!(
-            "scored:default".parse::<PolicyUnderTest>().unwrap().to_string(),
+            "scored:latency".parse::<PolicyUnderTest>().unwrap(),
+            latency
+        );
+        assert_eq!(
+            "scored:default"
+                .parse::<PolicyUnderTest>()
+                .unwrap()
+                .to_string(),
             "scored"
         );
         assert!("fastest".parse::<PolicyUnderTest>().is_err());
@@ -256,7 +260,8 @@ mod tests {
             .band(config::Priority::Standard)
             .max_wait(config::Priority::Standard);
         assert_eq!(flow.max_wait, expected.as_secs_f64());
-        let (rr, _) = virtual_gateway(&PolicyUnderTest::round_robin(), &pool(&endpoints, 1.0)).unwrap();
+        let (rr, _) =
+            virtual_gateway(&PolicyUnderTest::round_robin(), &pool(&endpoints, 1.0)).unwrap();
         assert_eq!(rr.policy, picker::Policy::RoundRobin);
     }
 

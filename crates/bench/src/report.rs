@@ -240,9 +240,19 @@ impl ScenarioReport {
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), l| {
                 (lo.min(*l), hi.max(*l))
             });
-        let load_span = if load_hi > load_lo { load_hi - load_lo } else { 1.0 };
+        let load_span = if load_hi > load_lo {
+            load_hi - load_lo
+        } else {
+            1.0
+        };
         let x = |load: f64| LEFT + (load - load_lo) / load_span * plot_w;
-        let x = |load: f64| if loads.len() > 1 { x(load) } else { LEFT + plot_w / 2.0 };
+        let x = |load: f64| {
+            if loads.len() > 1 {
+                x(load)
+            } else {
+                LEFT + plot_w / 2.0
+            }
+        };
         let y = |ms: f64| {
             let t = (ms.log10() - f64::from(decade_lo)) / f64::from(decade_hi - decade_lo);
             TOP + plot_h * (1.0 - t)
@@ -313,7 +323,11 @@ impl ScenarioReport {
                 .results
                 .iter()
                 .filter(|r| r.policy == policy)
-                .filter_map(|r| r.ttft_p95_ms.filter(|v| *v > 0.0).map(|v| (x(r.load), y(v))))
+                .filter_map(|r| {
+                    r.ttft_p95_ms
+                        .filter(|v| *v > 0.0)
+                        .map(|v| (x(r.load), y(v)))
+                })
                 .collect();
             if points.len() > 1 {
                 let path = points
@@ -439,7 +453,12 @@ mod tests {
     #[test]
     fn json_has_the_documented_shape() {
         let value = serde_json::to_value(report()).unwrap();
-        let keys: Vec<&str> = value.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let keys: Vec<&str> = value
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
         assert_eq!(keys, ["fleet", "mode", "results", "scenario", "seed"]);
         let row = value["results"][0].as_object().unwrap();
         for key in [
@@ -468,10 +487,16 @@ mod tests {
         let md = report().markdown();
         assert!(md.contains("## uniform (virtual mode, seed 1)"));
         // 200 → 100 ms is −50 %; 20 s → 500 ms is −97.5 %.
-        assert!(md.contains("| 50 % | scored | 50 ms | 100 ms | 200 ms |"), "{md}");
+        assert!(
+            md.contains("| 50 % | scored | 50 ms | 100 ms | 200 ms |"),
+            "{md}"
+        );
         assert!(md.contains("−50.0 %"), "{md}");
         assert!(md.contains("−97.5 %"), "{md}");
-        assert!(md.contains("| 100 % | round-robin | 10.00 s | 20.00 s |"), "{md}");
+        assert!(
+            md.contains("| 100 % | round-robin | 10.00 s | 20.00 s |"),
+            "{md}"
+        );
     }
 
     #[test]

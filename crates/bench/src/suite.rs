@@ -219,13 +219,12 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             };
             let wall = started.elapsed().as_secs_f64();
             requests.get_or_insert(outcomes.len());
-            let summary = stats::summarize(
-                &policy.to_string(),
-                load,
-                &outcomes,
-                options.client_timeout,
+            let summary =
+                stats::summarize(&policy.to_string(), load, &outcomes, options.client_timeout);
+            eprintln!(
+                "{}",
+                progress_line(scenario.name, &summary, outcomes.len(), wall)
             );
-            eprintln!("{}", progress_line(scenario.name, &summary, outcomes.len(), wall));
             setup.wall_seconds.push(wall);
             results.push(summary);
         }
@@ -297,12 +296,7 @@ fn auto_time_scale(
         .filter_map(|cfg| capacity.per_replica.get(cfg.hardware.name))
         .map(|c| c.output_tokens_per_s)
         .sum();
-    let peak_load = scenario
-        .loads
-        .iter()
-        .copied()
-        .fold(0.0, f64::max)
-        .min(1.0);
+    let peak_load = scenario.loads.iter().copied().fold(0.0, f64::max).min(1.0);
     let scale = budget / (tokens_per_s * peak_load).max(1.0);
     // Two significant digits, so the report shows a readable number.
     let magnitude = 10f64.powf(scale.log10().floor() - 1.0);

@@ -93,7 +93,8 @@ impl Prepared {
     /// simulated replica computes.
     pub fn new(plan: &RequestPlan, prefix: &PrefixConfig) -> Self {
         let body = plan.body(true);
-        let prefix_hashes = picker::prompt_hashes(&plan.model, plan.adapter.as_deref(), &body, prefix);
+        let prefix_hashes =
+            picker::prompt_hashes(&plan.model, plan.adapter.as_deref(), &body, prefix);
         let chars = plan.prompt_chars();
         Prepared {
             id: plan.id,
@@ -288,8 +289,7 @@ impl<'a> Simulation<'a> {
                     self.arrive(request);
                 }
                 (_, Some(_)) => {
-                    if next_arrival.is_none() && self.in_flight.is_empty() && self.line.is_empty()
-                    {
+                    if next_arrival.is_none() && self.in_flight.is_empty() && self.line.is_empty() {
                         // Only scrapes and stale entries are left.
                         break;
                     }
@@ -321,7 +321,11 @@ impl<'a> Simulation<'a> {
                 let state = scraped_state(&self.engines[replica].stats());
                 self.unpublished[replica] = Some(state);
                 self.push(at + self.options.scrape_delay, Kind::Publish, event.target);
-                self.push(at + self.options.scrape_interval, Kind::Scrape, event.target);
+                self.push(
+                    at + self.options.scrape_interval,
+                    Kind::Scrape,
+                    event.target,
+                );
             }
             Kind::QueueExpiry => {
                 if let Some(position) = self.line.iter().position(|q| q.request.id == event.target)
@@ -557,10 +561,8 @@ mod tests {
             started_unix: 1_700_000_000.0,
         };
         let mut exporter = sim::metrics::Exporter::new(sim::Dialect::Vllm, identity.clone());
-        let requests = sim::metrics::RequestTracker::new(
-            sim::Dialect::Vllm.latency_buckets(),
-            131_072,
-        );
+        let requests =
+            sim::metrics::RequestTracker::new(sim::Dialect::Vllm.latency_buckets(), 131_072);
         let text = exporter.render(&stats, requests.totals(), 1_700_000_100.0);
         let parsed = signals::Dialect::Vllm.extract(&text).unwrap();
         assert_eq!(parsed, scraped_state(&stats));
@@ -598,7 +600,9 @@ mod tests {
             id,
             at,
             adapter: None,
-            prompt: (0..prompt_tokens).map(|t| (id as u32) * 100_000 + t).collect(),
+            prompt: (0..prompt_tokens)
+                .map(|t| (id as u32) * 100_000 + t)
+                .collect(),
             prefix_hashes: Vec::new(),
             estimated_tokens: u64::from(prompt_tokens + max_tokens),
             max_tokens,
@@ -636,7 +640,12 @@ mod tests {
             .map(|i| request(i, i as f64 * 0.005, 200 + (i as u32 % 7) * 100, 30))
             .collect();
         let config = PickerConfig::default();
-        let a = run(&fleet(4), config.clone(), requests.clone().into_iter(), &options());
+        let a = run(
+            &fleet(4),
+            config.clone(),
+            requests.clone().into_iter(),
+            &options(),
+        );
         let b = run(&fleet(4), config, requests.into_iter(), &options());
         assert_eq!(a, b);
     }
@@ -713,14 +722,19 @@ mod tests {
             engines: vec![cfg],
             adapters: Vec::new(),
         };
-        let requests: Vec<Prepared> = (0..60).map(|i| request(i, 0.0005 * i as f64, 600, 200)).collect();
+        let requests: Vec<Prepared> = (0..60)
+            .map(|i| request(i, 0.0005 * i as f64, 600, 200))
+            .collect();
         let refuse = run(
             &fleet,
             PickerConfig::default(),
             requests.clone().into_iter(),
             &options(),
         );
-        let rejected = refuse.iter().filter(|o| o.status == Status::Rejected).count();
+        let rejected = refuse
+            .iter()
+            .filter(|o| o.status == Status::Rejected)
+            .count();
         assert!(rejected > 0, "some requests see a saturated fleet");
 
         let queue = VirtualOptions {
@@ -732,7 +746,12 @@ mod tests {
             client_timeout: 1_000.0,
             ..options()
         };
-        let queued = run(&fleet, PickerConfig::default(), requests.into_iter(), &queue);
+        let queued = run(
+            &fleet,
+            PickerConfig::default(),
+            requests.into_iter(),
+            &queue,
+        );
         assert!(
             queued.iter().all(|o| o.status == Status::Completed),
             "with a patient queue every request is served"

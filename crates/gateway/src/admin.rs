@@ -112,7 +112,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
     json!({
         "name": pool.name,
         "engine": pool.spec.engine.as_str(),
-        "policy": format!("{:?}", cfg.policy),
+        "policy": cfg.policy.name(),
         "ready": pool.is_ready(now),
         "typicalRequest": {
             "description": "no adapter, no cached prefix, the default output length",

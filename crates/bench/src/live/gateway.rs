@@ -65,7 +65,9 @@ impl GatewayLauncher {
                 let workdir = tempfile::Builder::new()
                     .prefix("infergate-bench-")
                     .tempdir()?;
-                let config_path = workdir.path().join(format!("{policy}.yaml").replace(':', "-"));
+                let config_path = workdir
+                    .path()
+                    .join(format!("{policy}.yaml").replace(':', "-"));
                 std::fs::write(&config_path, text)?;
                 let log = std::fs::File::create(workdir.path().join("gateway.log"))?;
                 let child = Command::new(binary)
@@ -81,7 +83,9 @@ impl GatewayLauncher {
                     .with_context(|| format!("running {}", binary.display()))?;
                 Running::Child { child, workdir }
             }
-            GatewayLauncher::InProcess => Running::InProcess(gateway::Gateway::start(config).await?),
+            GatewayLauncher::InProcess => {
+                Running::InProcess(gateway::Gateway::start(config).await?)
+            }
         };
         let addr = match &kind {
             Running::InProcess(g) => g.addr(),

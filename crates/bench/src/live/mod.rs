@@ -83,8 +83,7 @@ pub async fn run(
         let outcomes = match ready {
             Ok(()) => {
                 let url = format!("http://{}/v1/chat/completions", gateway.addr());
-                let load =
-                    LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
+                let load = LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
                 Ok(load.run(requests).await)
             }
             Err(e) => Err(e),

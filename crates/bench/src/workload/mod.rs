@@ -21,8 +21,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-pub use arrivals::Traffic;
 use arrivals::ArrivalClock;
+pub use arrivals::Traffic;
 pub use text::{Message, Role, Text, chat_prompt_ids};
 
 /// A log-normal length in tokens, clamped to `[min, max]`: the usual shape
@@ -276,7 +276,10 @@ impl Workload {
                 let document = &self.documents[rng.gen_range(0..self.documents.len())];
                 let turns = (0..turns.sample(&mut rng))
                     .map(|_| Turn {
-                        question: Arc::new(Text::random(question_tokens.sample(&mut rng), &mut rng)),
+                        question: Arc::new(Text::random(
+                            question_tokens.sample(&mut rng),
+                            &mut rng,
+                        )),
                         answer_tokens: output.sample(&mut rng),
                         pause: -think_seconds * (1.0 - rng.r#gen::<f64>()).ln(),
                     })
@@ -529,10 +532,7 @@ mod tests {
             traffic: Traffic::Poisson,
             mix: Mix::SharedPrefix {
                 documents: 3,
-                document_tokens: Range {
-                    min: 200,
-                    max: 400,
-                },
+                document_tokens: Range { min: 200, max: 400 },
                 question_tokens: Range { min: 10, max: 20 },
                 turns: Range { min: 2, max: 4 },
                 think_seconds: 5.0,
@@ -645,8 +645,17 @@ mod tests {
                 .filter(|p| p.adapter.as_deref() == Some(name))
                 .count()
         };
-        assert!(plans.iter().all(|p| p.adapter.as_deref() == Some(&*p.model)));
-        assert!(count("a0") > 2 * count("a3"), "{} vs {}", count("a0"), count("a3"));
+        assert!(
+            plans
+                .iter()
+                .all(|p| p.adapter.as_deref() == Some(&*p.model))
+        );
+        assert!(
+            count("a0") > 2 * count("a3"),
+            "{} vs {}",
+            count("a0"),
+            count("a3")
+        );
         assert!(count("a7") > 0);
     }
 
