@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 
 use tracing::Subscriber;
-use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, filter_fn};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
@@ -103,11 +103,18 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'w> MakeWriter<'w> + Clone + Send + Sync + 'static,
 {
-    let env = || EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    // Only static filters (directives and targets): they are decided once
+    // per call site, so a disabled span or event costs nothing per request.
+    // A dynamic filter would make every span be built just to be dropped.
+    let env = |extra: &str| {
+        EnvFilter::try_new(format!("{filter}{extra}"))
+            .unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
+    };
     let general = fmt_layer(format, writer.clone(), ansi, true)
-        .with_filter(env().and(filter_fn(|m| m.target() != ACCESS_TARGET)));
-    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false)
-        .with_filter(env().and(filter_fn(|m| m.target() == ACCESS_TARGET)));
+        .with_filter(env(&format!(",{ACCESS_TARGET}=off")));
+    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false).with_filter(
+        env("").and(Targets::new().with_target(ACCESS_TARGET, LevelFilter::TRACE)),
+    );
     general.and_then(access)
 }
 
