@@ -38,6 +38,9 @@ use crate::upstream::{self, REQUEST_ID};
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
 const X_SCORES: &str = "x-infergate-scores";
+/// Target of the per-request decision log (every candidate's scores), at
+/// debug level: `INFERGATE_LOG=info,infergate::decision=debug`.
+const DECISION_TARGET: &str = "infergate::decision";
 /// Candidates listed in `x-infergate-scores`, best first.
 const SCORES_HEADER_LIMIT: usize = 8;
 
@@ -142,7 +145,8 @@ async fn infer(
             .hash_prompt(&request.model, route.adapter.as_deref(), &request.body)
             .into(),
         estimated_tokens: request.estimated_tokens,
-        explain: state.debug.decision_headers,
+        explain: state.debug.decision_headers
+            || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG),
     };
     let admit_started = Instant::now();
     let mut admitted = match pool
@@ -168,6 +172,8 @@ async fn infer(
         pool.metrics.count_decision(decision);
         record.endpoint = Some(endpoint.addr.clone());
         record.decision = decision.top;
+        tracing::debug!(target: DECISION_TARGET, pool = %pool.name, endpoint = %endpoint.addr,
+            scores = %decision.scores_header(SCORES_HEADER_LIMIT), "picked");
         if decision.fallback {
             tracing::warn!(pool = %pool.name, endpoint = %endpoint.addr,
                 "no replica has fresh metrics; picked by least-request");

@@ -68,15 +68,23 @@ impl Logs {
     /// Install the gateway's own log layers (text logs, JSON access log)
     /// for this thread.
     fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        Self::capture_with("info")
+    }
+
+    fn capture_with(filter: &str) -> (Self, tracing::subscriber::DefaultGuard) {
         let logs = Logs::default();
         let subscriber = tracing_subscriber::registry().with(log_layers(
             LogFormat::Text,
             Some(LogFormat::Json),
-            "info",
+            filter,
             false,
             logs.clone(),
         ));
         (logs, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes.lock()).into_owned()
     }
 
     fn access(&self) -> Vec<Value> {
@@ -785,4 +793,58 @@ async fn traceparent_reaches_the_replica_forwarded_or_generated() {
     };
     assert_eq!(trace_of("with"), "4bf92f3577b34da6a3ce929d0e0e4736");
     assert_eq!(trace_of("without"), fields[1]);
+}
+
+#[tokio::test]
+async fn decision_scores_are_logged_at_debug_level() {
+    let (logs, _guard) = Logs::capture_with("info,infergate::decision=debug");
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let b = FakeReplica::start("b", Behaviour::Echo).await;
+    let pools = format!(
+        "    - {{name: p, models: [m], endpoints: [\"{}\", \"{}\"], scheduling: {{metrics: {{interval: 20ms}}}}}}\n",
+        a.addr, b.addr
+    );
+    let cfg = config("  admin: {address: \"127.0.0.1:0\"}\n", &pools);
+    let gw = gateway::Gateway::start(&cfg).await.unwrap();
+    // Wait for both replicas' first scrape: until then nothing is scored.
+    let debug = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
+    tokio::time::timeout(DEADLINE, async {
+        loop {
+            let pools: Value = client()
+                .get(&debug)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let endpoints = pools["pools"][0]["endpoints"].as_array().unwrap().clone();
+            if endpoints.iter().all(|e| e["health"] == "healthy") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    let resp = client()
+        .post(format!("http://{}/v1/completions", gw.addr()))
+        .body(r#"{"model":"m","prompt":"hello"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("infergate::decision") && l.contains("picked"))
+        .unwrap_or_else(|| panic!("no decision line in:\n{text}"));
+    // Both candidates with their per-scorer parts.
+    for addr in [a.addr, b.addr] {
+        assert!(line.contains(&format!("{addr}=")), "{line}");
+    }
+    assert!(
+        line.contains("q=") && line.contains("px=") && line.contains("lora="),
+        "{line}"
+    );
 }

@@ -112,9 +112,8 @@ where
     };
     let general = fmt_layer(format, writer.clone(), ansi, true)
         .with_filter(env(&format!(",{ACCESS_TARGET}=off")));
-    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false).with_filter(
-        env("").and(Targets::new().with_target(ACCESS_TARGET, LevelFilter::TRACE)),
-    );
+    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false)
+        .with_filter(env("").and(Targets::new().with_target(ACCESS_TARGET, LevelFilter::TRACE)));
     general.and_then(access)
 }
 
