@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 
 use crate::live::GatewayLauncher;
 use crate::policy;
+use crate::report;
 use crate::scenario::{self, RunLength, Size};
 use crate::suite::{self, Mode, SuiteOptions};
 
@@ -34,6 +35,10 @@ pub struct BenchArgs {
     /// the same traffic.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run each scenario with this many seeds (SEED, SEED+1, ...) and add
+    /// a table of the spread between them: the run-to-run noise.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
     /// Policies to compare: round-robin, least-request, random, scored,
     /// or a weight preset (latency, throughput, or scored:PRESET).
     /// Round-robin is always included as the baseline.
@@ -51,9 +56,10 @@ pub struct BenchArgs {
     /// Replicas in the fleet (GPU types keep alternating as in the scenario).
     #[arg(long)]
     pub replicas: Option<usize>,
-    /// Simulated seconds a client waits for a complete answer.
-    #[arg(long, default_value_t = 60.0)]
-    pub client_timeout: f64,
+    /// Simulated seconds a client waits for a complete answer (default 60,
+    /// 20 with --quick).
+    #[arg(long)]
+    pub client_timeout: Option<f64>,
     /// Live mode: engine seconds per wall second of the replicas (default:
     /// chosen so the token stream stays within what this machine can
     /// carry without distorting the measurement).
@@ -78,10 +84,12 @@ impl BenchArgs {
             (None, None) => None,
         };
         options.replicas = self.replicas;
-        if !(self.client_timeout.is_finite() && self.client_timeout > 0.0) {
-            bail!("--client-timeout must be a positive number of seconds");
+        if let Some(timeout) = self.client_timeout {
+            if !(timeout.is_finite() && timeout > 0.0) {
+                bail!("--client-timeout must be a positive number of seconds");
+            }
+            options.client_timeout = timeout;
         }
-        options.client_timeout = self.client_timeout;
         if let Some(scale) = self.time_scale
             && !(scale.is_finite() && scale > 0.0)
         {
@@ -109,17 +117,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         suite::scenario(name, &options)?;
     }
     for name in names {
-        let report = suite::run_scenario(name, &options).await?;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{}", report.markdown())?;
-        stdout.flush()?;
-        if let Some(dir) = &args.out {
-            report.write(dir)?;
-            eprintln!(
-                "[{name}] wrote {0}/{name}.json, {0}/{name}.md, {0}/{name}.svg",
-                dir.display()
-            );
+        let mut reports = Vec::new();
+        for k in 0..args.repeat {
+            let seed = options.seed + k;
+            let seeded = SuiteOptions {
+                seed,
+                ..options.clone()
+            };
+            let report = suite::run_scenario(name, &seeded).await?;
+            print(&report.markdown())?;
+            if let Some(dir) = &args.out {
+                let stem = if args.repeat > 1 {
+                    format!("{name}-seed{seed}")
+                } else {
+                    name.to_owned()
+                };
+                report.write(dir, &stem)?;
+                eprintln!(
+                    "[{name}] wrote {0}/{stem}.json, {0}/{stem}.md, {0}/{stem}.svg",
+                    dir.display()
+                );
+            }
+            reports.push(report);
+        }
+        if reports.len() > 1 {
+            let spread = report::spread_markdown(&reports);
+            print(&spread)?;
+            if let Some(dir) = &args.out {
+                let path = dir.join(format!("{name}-spread.md"));
+                std::fs::write(&path, &spread)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
         }
     }
+    Ok(())
+}
+
+fn print(markdown: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{markdown}")?;
+    stdout.flush()?;
     Ok(())
 }

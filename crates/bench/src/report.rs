@@ -56,8 +56,8 @@ pub struct Setup {
     /// "60 s of arrivals".
     pub length: String,
     pub client_timeout: f64,
-    /// Live mode: engine seconds per wall second.
-    pub time_scale: Option<f64>,
+    /// Live mode: engine seconds per wall second, per load.
+    pub time_scales: Vec<(f64, f64)>,
     /// Requests offered at each load.
     pub requests_per_load: Vec<(f64, usize)>,
     /// Wall-clock seconds of each run, in result order.
@@ -65,11 +65,11 @@ pub struct Setup {
 }
 
 impl ScenarioReport {
-    /// Write `NAME.json`, `NAME.md` and `NAME.svg` into `dir`.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+    /// Write `STEM.json`, `STEM.md` and `STEM.svg` into `dir`.
+    pub fn write(&self, dir: &Path, stem: &str) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let write = |ext: &str, contents: String| {
-            let path = dir.join(format!("{}.{ext}", self.scenario));
+            let path = dir.join(format!("{stem}.{ext}"));
             std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))
         };
         write(
@@ -149,10 +149,17 @@ impl ScenarioReport {
             "- Each run: {} ({requests} requests); client timeout {} s.",
             self.setup.length, self.setup.client_timeout
         );
-        if let Some(scale) = self.setup.time_scale {
+        if !self.setup.time_scales.is_empty() {
+            let scales = self
+                .setup
+                .time_scales
+                .iter()
+                .map(|(load, scale)| format!("{scale}× at {}", percent(*load)))
+                .collect::<Vec<_>>()
+                .join(", ");
             let _ = writeln!(
                 out,
-                "- Replicas ran {scale}× faster than real time; latencies are in simulated time."
+                "- Replicas ran faster than real time ({scales}); latencies are in simulated time."
             );
         }
         if !self.setup.wall_seconds.is_empty() {
@@ -366,6 +373,78 @@ impl ScenarioReport {
     }
 }
 
+/// Run-to-run spread of one scenario over several seeds: per policy and
+/// load, the median and the range of each headline figure, and of the
+/// change against round-robin. `reports` are the same scenario and mode.
+pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
+    let Some(first) = reports.first() else {
+        return String::new();
+    };
+    let seeds = reports
+        .iter()
+        .map(|r| r.seed.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut out = format!(
+        "## {} ({} mode): spread over seeds {seeds}\n\nMedian, and the range over the seeds in brackets.\n\n",
+        first.scenario, first.mode
+    );
+    out.push_str("| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | output tok/s | TTFT p95 vs RR | TTFT p99 vs RR |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+    for row in &first.results {
+        let same: Vec<(&Summary, Option<&Summary>)> = reports
+            .iter()
+            .filter_map(|r| {
+                let this = r
+                    .results
+                    .iter()
+                    .find(|s| s.load == row.load && s.policy == row.policy)?;
+                Some((this, r.baseline(row.load)))
+            })
+            .collect();
+        let values = |f: fn(&Summary) -> Option<f64>| -> Vec<f64> {
+            same.iter().filter_map(|(s, _)| f(s)).collect()
+        };
+        let changes = |f: fn(&Summary) -> Option<f64>| -> Vec<f64> {
+            same.iter()
+                .filter_map(|(s, base)| change_percent(f(s), base.and_then(|b| f(b))))
+                .collect()
+        };
+        let is_base = row.policy == "round-robin";
+        let vs = |f: fn(&Summary) -> Option<f64>| {
+            if is_base {
+                "—".to_owned()
+            } else {
+                spread(changes(f), |v| signed_percent(Some(v)))
+            }
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            percent(row.load),
+            row.policy,
+            spread(values(|s| s.ttft_p50_ms), |v| ms(Some(v))),
+            spread(values(|s| s.ttft_p95_ms), |v| ms(Some(v))),
+            spread(values(|s| s.ttft_p99_ms), |v| ms(Some(v))),
+            spread(values(|s| Some(s.output_tokens_per_s)), |v| format!("{v:.0}")),
+            vs(|s| s.ttft_p95_ms),
+            vs(|s| s.ttft_p99_ms),
+        );
+    }
+    out
+}
+
+/// "median (min … max)".
+fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
+    if values.is_empty() {
+        return "—".to_owned();
+    }
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    let (lo, hi) = (values[0], values[values.len() - 1]);
+    format!("{} ({} … {})", show(median), show(lo), show(hi))
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -508,6 +587,22 @@ mod tests {
         assert_eq!(svg.matches("<circle").count(), 4);
         // Decades from 100 ms to 100 s are labelled.
         assert!(svg.contains(">100 ms<") && svg.contains(">100 s<"), "{svg}");
+    }
+
+    #[test]
+    fn spread_shows_median_and_range_over_seeds() {
+        let mut second = report();
+        second.seed = 2;
+        second.results[1].ttft_p95_ms = Some(150.0); // scored at 50 %
+        let mut third = report();
+        third.seed = 3;
+        third.results[1].ttft_p95_ms = Some(120.0);
+        let md = spread_markdown(&[report(), second, third]);
+        assert!(md.contains("spread over seeds 1, 2, 3"), "{md}");
+        // scored at 50 %: p95 100, 150, 120 ms against 200 ms round-robin.
+        assert!(md.contains("| 120 ms (100 ms … 150 ms) |"), "{md}");
+        assert!(md.contains("−40.0 % (−50.0 % … −25.0 %)"), "{md}");
+        assert_eq!(md.matches("\n| ").count(), 5, "a header and four rows:\n{md}");
     }
 
     #[test]

@@ -198,8 +198,30 @@ fn chat_output() -> LengthDist {
 
 fn chat() -> Mix {
     Mix::Chat {
+        system_tokens: 0,
         prompt: chat_prompt(),
         output: chat_output(),
+    }
+}
+
+/// Lighter chat for the thousand-replica fleet: a 256-token system prompt
+/// every request shares, questions around 400 tokens and answers around
+/// 128, so a million requests fit the machine's time budget.
+fn light_chat() -> Mix {
+    Mix::Chat {
+        system_tokens: 256,
+        prompt: LengthDist {
+            median: 400.0,
+            sigma: 0.6,
+            min: 16,
+            max: 4000,
+        },
+        output: LengthDist {
+            median: 128.0,
+            sigma: 0.6,
+            min: 8,
+            max: 1000,
+        },
     }
 }
 
@@ -325,9 +347,9 @@ impl Scenario {
             },
             "fleet-scale" => Scenario {
                 name: "fleet-scale",
-                about: "A thousand H100 replicas and a million chat requests, in virtual time.",
+                about: "A thousand H100 replicas and a million light chat requests, in virtual time.",
                 fleet: fleet(1000, &["h100"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, chat()),
+                workload: workload(Traffic::Poisson, light_chat()),
                 loads: vec![0.8],
                 length: RunLength::Requests(1_000_000),
                 live_length: RunLength::Requests(0),

@@ -70,7 +70,11 @@ impl SuiteOptions {
             loads: None,
             length: None,
             replicas: None,
-            client_timeout: 60.0,
+            client_timeout: match size {
+                Size::Full => 60.0,
+                // Short runs; long answers on slow GPUs would dominate them.
+                Size::Quick => 20.0,
+            },
             scrape_interval: config::defaults::SCRAPE_INTERVAL.as_secs_f64(),
             scrape_delay: DEFAULT_SCRAPE_DELAY,
             gateway: GatewayLauncher::InProcess,
@@ -83,12 +87,15 @@ impl SuiteOptions {
 /// From a replica taking its snapshot to the picker seeing it: an HTTP
 /// round trip on a local network plus rendering and parsing the text.
 pub const DEFAULT_SCRAPE_DELAY: f64 = 0.002;
-/// Output tokens per wall second live mode aims for at the highest load:
-/// what the replicas, the gateway and the load generator stream together
-/// on two cores without the benchmark's own CPU use distorting latencies.
-pub const DEFAULT_LIVE_TOKEN_BUDGET: f64 = 8000.0;
-/// Fastest live replicas: beyond this, the loopback round trips of the
-/// HTTP path (tens of microseconds) stop being negligible in engine time.
+/// Output tokens per wall second live mode aims for at each load: what the
+/// replicas, the gateway and the load generator stream together on two
+/// cores (about 40 µs of CPU per token across the three) while leaving
+/// most of the machine idle, so the benchmark's own CPU use does not
+/// distort its latencies.
+pub const DEFAULT_LIVE_TOKEN_BUDGET: f64 = 12_000.0;
+/// Fastest live replicas: beyond this the HTTP path's own delays
+/// (loopback round trips, timer wake-ups of about a millisecond) stop
+/// being negligible in engine time. `--quick` runs at this pace.
 const MAX_TIME_SCALE: f64 = 10.0;
 /// Requests prepared per message from the request thread to the event
 /// loop.
@@ -156,43 +163,47 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         scenario.name, capacity.requests_per_s
     );
 
-    let time_scale = match options.mode {
-        Mode::Virtual => None,
-        Mode::Live => Some(options.time_scale.unwrap_or_else(|| {
-            auto_time_scale(&capacity, &engines, &scenario, options.live_token_budget)
-        })),
-    };
     let mut results = Vec::new();
     let mut setup = Setup {
         about: scenario.about.to_owned(),
         length: scenario.length.to_string(),
         client_timeout: options.client_timeout,
-        time_scale,
         ..Setup::default()
     };
     for &load in &scenario.loads {
         let rate = load * capacity.requests_per_s;
         let duration = scenario.length.seconds_at(rate);
-        let plans: Option<Vec<_>> = match options.mode {
-            // Live mode sends bodies it serialized before the clock starts.
-            Mode::Live => Some(workload.stream(rate, duration).collect()),
+        let mut requests = None;
+        // Live mode sends bodies it serialized before the clock starts, to
+        // replicas running at a pace the machine can stream.
+        let live = match options.mode {
+            Mode::Live => {
+                let plans: Vec<_> = workload.stream(rate, duration).collect();
+                let time_scale = options.time_scale.unwrap_or_else(|| match options.size {
+                    Size::Quick => MAX_TIME_SCALE,
+                    Size::Full => {
+                        auto_time_scale(&capacity, &engines, load, options.live_token_budget)
+                    }
+                });
+                setup.time_scales.push((load, time_scale));
+                Some((live::planned(&plans), time_scale))
+            }
             Mode::Virtual => None,
         };
-        let mut requests = None;
         for policy in &options.policies {
             let started = Instant::now();
-            let outcomes = match (&plans, time_scale) {
-                (Some(plans), Some(time_scale)) => {
-                    let live = LiveOptions {
+            let outcomes = match &live {
+                Some((planned, time_scale)) => {
+                    let live_options = LiveOptions {
                         gateway: options.gateway.clone(),
-                        time_scale,
+                        time_scale: *time_scale,
                         client_timeout: options.client_timeout,
                         ready_timeout: std::time::Duration::from_secs(20),
                         seed: options.seed,
                     };
-                    live::run(&scenario.fleet, policy, live::planned(plans), &live).await?
+                    live::run(&scenario.fleet, policy, planned.clone(), &live_options).await?
                 }
-                _ => {
+                None => {
                     let fleet = VirtualFleet {
                         engines: engines.clone(),
                         adapters: scenario.fleet.adapters.clone(),
@@ -201,9 +212,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                     let policy = policy.clone();
                     let model = scenario.workload.model.clone();
                     let adapters = scenario.fleet.adapters.clone();
-                    let endpoints: Vec<String> = (0..engines.len())
-                        .map(|i| format!("127.0.0.1:{}", 10_000 + i))
-                        .collect();
+                    let endpoints = placeholder_endpoints(engines.len());
                     let options = options.clone();
                     tokio::task::spawn_blocking(move || {
                         let pool = PoolDocument {
@@ -266,7 +275,7 @@ pub fn run_virtual(
     };
     Ok(std::thread::scope(|scope| {
         let (tx, rx) = sync_channel::<Vec<Prepared>>(8);
-        scope.spawn(move || {
+        let producer = move || {
             let mut batch = Vec::with_capacity(BATCH);
             for plan in workload.stream(rate, duration) {
                 batch.push(Prepared::new(&plan, &prefix));
@@ -278,17 +287,22 @@ pub fn run_virtual(
                 }
             }
             let _ = tx.send(batch);
-        });
+        };
+        std::thread::Builder::new()
+            .name("bench-requests".into())
+            .spawn_scoped(scope, producer)
+            .expect("cannot start a thread");
         virtual_fleet::run(fleet, picker, rx.into_iter().flatten(), &virtual_options)
     }))
 }
 
 /// A time scale that keeps live mode's token stream within `budget`
-/// tokens per wall second at the scenario's highest load.
+/// tokens per wall second at `load` (beyond capacity the fleet streams no
+/// faster than at capacity).
 fn auto_time_scale(
     capacity: &FleetCapacity,
     engines: &[sim::engine::EngineConfig],
-    scenario: &Scenario,
+    load: f64,
     budget: f64,
 ) -> f64 {
     let tokens_per_s: f64 = engines
@@ -296,13 +310,20 @@ fn auto_time_scale(
         .filter_map(|cfg| capacity.per_replica.get(cfg.hardware.name))
         .map(|c| c.output_tokens_per_s)
         .sum();
-    let peak_load = scenario.loads.iter().copied().fold(0.0, f64::max).min(1.0);
-    let scale = budget / (tokens_per_s * peak_load).max(1.0);
+    let scale = budget / (tokens_per_s * load.min(1.0)).max(1.0);
     // Two significant digits, so the report shows a readable number.
     let magnitude = 10f64.powf(scale.log10().floor() - 1.0);
     let rounded = (scale / magnitude).round() * magnitude;
     let rounded: f64 = format!("{rounded:.3}").parse().unwrap_or(rounded);
     rounded.clamp(0.01, MAX_TIME_SCALE)
+}
+
+/// Addresses for the config document of a virtual fleet (validated like
+/// any other, never dialled).
+fn placeholder_endpoints(replicas: usize) -> Vec<String> {
+    (0..replicas)
+        .map(|i| format!("127.0.{}.{}:8000", i / 250, 1 + i % 250))
+        .collect()
 }
 
 fn fleet_report(

@@ -210,7 +210,14 @@ struct Simulation<'a> {
     scrapes: bool,
     /// Snapshots taken and not yet visible.
     unpublished: Vec<Option<EngineState>>,
+    /// Engine and scrape events: a few per replica.
     heap: BinaryHeap<Reverse<Event>>,
+    /// Queue expiries and client timeouts. Each is its request's arrival
+    /// plus a constant, so they come due in the order they were set: a
+    /// FIFO each, which keeps the heap small (a million pending timeouts
+    /// would make every heap operation a string of cache misses).
+    expiries: VecDeque<Event>,
+    timeouts: VecDeque<Event>,
     in_flight: HashMap<u64, InFlight>,
     line: VecDeque<Queued>,
     line_bytes: u64,
@@ -249,6 +256,8 @@ impl<'a> Simulation<'a> {
             scrapes,
             unpublished: vec![None; n],
             heap: BinaryHeap::new(),
+            expiries: VecDeque::new(),
+            timeouts: VecDeque::new(),
             in_flight: HashMap::new(),
             line: VecDeque::new(),
             line_bytes: 0,
@@ -277,10 +286,10 @@ impl<'a> Simulation<'a> {
             }
         }
         loop {
-            let next_event = self.heap.peek().map(|Reverse(e)| e.at());
+            let next_event = self.next_event();
             let next_arrival = requests.peek().map(|r| r.at);
             match (next_arrival, next_event) {
-                (Some(a), Some(e)) if a < e => {
+                (Some(a), Some(e)) if a < e.at() => {
                     let request = requests.next().expect("peeked");
                     self.arrive(request);
                 }
@@ -288,12 +297,12 @@ impl<'a> Simulation<'a> {
                     let request = requests.next().expect("peeked");
                     self.arrive(request);
                 }
-                (_, Some(_)) => {
+                (_, Some(event)) => {
                     if next_arrival.is_none() && self.in_flight.is_empty() && self.line.is_empty() {
                         // Only scrapes and stale entries are left.
                         break;
                     }
-                    let Reverse(event) = self.heap.pop().expect("peeked");
+                    self.take(event);
                     self.handle(event);
                 }
                 (None, None) => break,
@@ -301,8 +310,41 @@ impl<'a> Simulation<'a> {
         }
     }
 
+    /// The earliest pending event, from the heap or either FIFO.
+    fn next_event(&self) -> Option<Event> {
+        [
+            self.heap.peek().map(|Reverse(e)| *e),
+            self.expiries.front().copied(),
+            self.timeouts.front().copied(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Remove `event`, the one [`Simulation::next_event`] returned.
+    fn take(&mut self, event: Event) {
+        match event.kind {
+            Kind::QueueExpiry => self.expiries.pop_front(),
+            Kind::ClientTimeout => self.timeouts.pop_front(),
+            _ => self.heap.pop().map(|Reverse(e)| e),
+        };
+    }
+
     fn push(&mut self, at: f64, kind: Kind, target: u64) {
-        self.heap.push(Reverse(Event::new(at, kind, target)));
+        let event = Event::new(at, kind, target);
+        let fifo = match kind {
+            Kind::QueueExpiry => &mut self.expiries,
+            Kind::ClientTimeout => &mut self.timeouts,
+            _ => {
+                self.heap.push(Reverse(event));
+                return;
+            }
+        };
+        // Requests are queued and dispatched in arrival order, so their
+        // deadlines (arrival + a constant) never go backwards.
+        debug_assert!(fifo.back().is_none_or(|last| last.at <= event.at));
+        fifo.push_back(event);
     }
 
     fn handle(&mut self, event: Event) {

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
+use tracing::instrument::WithSubscriber;
+use tracing::subscriber::NoSubscriber;
 
 pub use client::{LoadGenerator, Planned};
 pub use gateway::{GatewayLauncher, RunningGateway};
@@ -57,7 +59,9 @@ pub async fn run(
     requests: Vec<Planned>,
     options: &LiveOptions,
 ) -> anyhow::Result<Vec<Outcome>> {
+    // A fleet per run would print a start-up line per replica each time.
     let replicas = sim::start_fleet(fleet.sim_spec(options.time_scale, options.seed))
+        .with_subscriber(NoSubscriber::default())
         .await
         .context("starting the simulated replicas")?;
     let endpoints: Vec<String> = replicas.addrs().iter().map(ToString::to_string).collect();

@@ -72,8 +72,10 @@ impl Range {
 /// The kind of requests a workload sends.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mix {
-    /// Independent single-turn chat requests.
+    /// Independent single-turn chat requests, after a system prompt of
+    /// `system_tokens` that every request shares (none when 0).
     Chat {
+        system_tokens: u32,
         prompt: LengthDist,
         output: LengthDist,
     },
@@ -180,7 +182,8 @@ pub struct Workload {
     seed: u64,
     model: Arc<str>,
     adapters: Vec<Arc<str>>,
-    /// Shared documents (shared-prefix mix).
+    /// Shared documents (shared-prefix mix) or the shared system prompt
+    /// (chat mix).
     documents: Vec<Arc<Text>>,
 }
 
@@ -195,6 +198,9 @@ impl Workload {
             } => (0..*documents)
                 .map(|_| Arc::new(Text::random(document_tokens.sample(&mut rng), &mut rng)))
                 .collect(),
+            Mix::Chat { system_tokens, .. } if *system_tokens > 0 => {
+                vec![Arc::new(Text::random(*system_tokens, &mut rng))]
+            }
             _ => Vec::new(),
         };
         let adapters = match &spec.mix {
@@ -244,12 +250,15 @@ impl Workload {
     fn session(&self, index: u64) -> Session {
         let mut rng = SmallRng::seed_from_u64(stream_seed(self.seed, Stream::Sessions, index));
         match &self.spec.mix {
-            Mix::Chat { prompt, output } => Session::single(
-                Arc::clone(&self.model),
-                None,
-                user_turn(prompt.sample(&mut rng), &mut rng),
-                output.sample(&mut rng),
-            ),
+            Mix::Chat { prompt, output, .. } => Session {
+                system: self.documents.first().cloned(),
+                ..Session::single(
+                    Arc::clone(&self.model),
+                    None,
+                    user_turn(prompt.sample(&mut rng), &mut rng),
+                    output.sample(&mut rng),
+                )
+            },
             Mix::Lora {
                 zipf_exponent,
                 prompt,
@@ -510,6 +519,7 @@ mod tests {
         WorkloadSpec {
             traffic: Traffic::Poisson,
             mix: Mix::Chat {
+                system_tokens: 0,
                 prompt: LengthDist {
                     median: 1000.0,
                     sigma: 0.8,
@@ -657,6 +667,37 @@ mod tests {
             count("a3")
         );
         assert!(count("a7") > 0);
+    }
+
+    #[test]
+    fn chat_can_share_a_system_prompt() {
+        let spec = WorkloadSpec {
+            mix: Mix::Chat {
+                system_tokens: 64,
+                prompt: LengthDist {
+                    median: 50.0,
+                    sigma: 0.3,
+                    min: 10,
+                    max: 100,
+                },
+                output: LengthDist {
+                    median: 20.0,
+                    sigma: 0.3,
+                    min: 5,
+                    max: 50,
+                },
+            },
+            ..chat()
+        };
+        let plans = Workload::new(spec, 3).sample(3);
+        for plan in &plans {
+            assert_eq!(plan.messages[0].role, Role::System);
+            assert_eq!(plan.messages[0].content.tokens(), 64);
+            assert!(Arc::ptr_eq(
+                &plan.messages[0].content,
+                &plans[0].messages[0].content
+            ));
+        }
     }
 
     #[test]
