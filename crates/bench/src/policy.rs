@@ -147,6 +147,16 @@ pub fn gateway_config(
     if let Some(preset) = &policy.preset {
         scheduling["preset"] = json!(preset);
     }
+    if let Ok(v) = std::env::var("EXP_SAT") {
+        let (q, kv) = v.split_once(',').unwrap();
+        scheduling["saturation"] =
+            json!({"queueDepth": q.parse::<u64>().unwrap(), "kvCache": kv.parse::<f64>().unwrap()});
+    }
+    if let Ok(v) = std::env::var("EXP_W") {
+        let w: Vec<f64> = v.split(',').map(|x| x.parse().unwrap()).collect();
+        scheduling["weights"] =
+            json!({"queue": w[0], "kvCache": w[1], "inflight": w[2], "prefix": w[3], "lora": w[4]});
+    }
     let document = json!({
         "apiVersion": config::defaults::API_VERSION,
         "kind": config::defaults::KIND,

@@ -407,7 +407,7 @@ pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
         };
         let changes = |f: fn(&Summary) -> Option<f64>| -> Vec<f64> {
             same.iter()
-                .filter_map(|(s, base)| change_percent(f(s), base.and_then(|b| f(b))))
+                .filter_map(|(s, base)| change_percent(f(s), base.and_then(f)))
                 .collect()
         };
         let is_base = row.policy == "round-robin";
@@ -426,7 +426,9 @@ pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
             spread(values(|s| s.ttft_p50_ms), |v| ms(Some(v))),
             spread(values(|s| s.ttft_p95_ms), |v| ms(Some(v))),
             spread(values(|s| s.ttft_p99_ms), |v| ms(Some(v))),
-            spread(values(|s| Some(s.output_tokens_per_s)), |v| format!("{v:.0}")),
+            spread(values(|s| Some(s.output_tokens_per_s)), |v| format!(
+                "{v:.0}"
+            )),
             vs(|s| s.ttft_p95_ms),
             vs(|s| s.ttft_p99_ms),
         );
@@ -602,7 +604,11 @@ mod tests {
         // scored at 50 %: p95 100, 150, 120 ms against 200 ms round-robin.
         assert!(md.contains("| 120 ms (100 ms … 150 ms) |"), "{md}");
         assert!(md.contains("−40.0 % (−50.0 % … −25.0 %)"), "{md}");
-        assert_eq!(md.matches("\n| ").count(), 5, "a header and four rows:\n{md}");
+        assert_eq!(
+            md.matches("\n| ").count(),
+            5,
+            "a header and four rows:\n{md}"
+        );
     }
 
     #[test]
