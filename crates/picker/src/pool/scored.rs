@@ -101,9 +101,13 @@ fn pick_with<R: Rng + ?Sized>(
         let waiting = state.and_then(|s| s.waiting);
         let kv_usage = state.and_then(|s| s.kv_usage).filter(|kv| kv.is_finite());
         // Requests sent since the scrape count as waiting, so a burst
-        // between scrapes cannot overfill a replica that looked idle.
-        let projected_waiting =
-            waiting.map(|w| w + endpoint.inflight_since_observation(&observation));
+        // between scrapes cannot overfill a replica that looked idle. A
+        // queue of requests waiting for a LoRA slot says nothing about
+        // capacity, so it does not saturate (KV usage still does).
+        let adapter_bound = state.is_some_and(|s| !s.waiting_adapters.is_empty());
+        let projected_waiting = waiting
+            .filter(|_| !adapter_bound)
+            .map(|w| w + endpoint.inflight_since_observation(&observation));
         if config.saturation.is_saturated(projected_waiting, kv_usage) {
             saturated += 1;
             saturated_waiting += waiting.unwrap_or(0);

@@ -609,3 +609,26 @@ fn pool_is_shareable_between_request_threads() {
     shareable::<Pool>();
     shareable::<Decision>();
 }
+
+#[test]
+fn a_queue_waiting_for_adapter_slots_does_not_saturate() {
+    let now = Instant::now();
+    let blocked = EngineState {
+        waiting: Some(20),
+        waiting_adapters: vec!["sql".into()],
+        max_adapters: Some(2),
+        ..idle()
+    };
+    let pool = fleet(scored(), vec![blocked.clone(), blocked], now);
+    let req = PickRequest {
+        adapter: Some("sql"),
+        ..PickRequest::default()
+    };
+    assert!(pool.pick(&req, now, &[], &mut rng()).is_ok());
+    // The same queue without adapter waits is a saturated replica.
+    let full = fleet(scored(), vec![busy(20, 0.1), busy(20, 0.1)], now);
+    assert!(matches!(
+        full.pick(&req, now, &[], &mut rng()),
+        Err(PickError::Saturated { .. })
+    ));
+}
