@@ -56,10 +56,19 @@ pub struct BenchArgs {
     /// Replicas in the fleet (GPU types keep alternating as in the scenario).
     #[arg(long)]
     pub replicas: Option<usize>,
+    /// GPU profiles of the replicas, cycled (h100, a100, a100-40gb, l4,
+    /// a10g), instead of the scenario's.
+    #[arg(long, value_delimiter = ',')]
+    pub hardware: Option<Vec<String>>,
     /// Simulated seconds a client waits for a complete answer (default 60,
     /// 20 with --quick).
     #[arg(long)]
     pub client_timeout: Option<f64>,
+    /// A JSON object merged into the scored policies' `scheduling` config,
+    /// to try other weights or thresholds on the same traffic, e.g.
+    /// '{"weights": {"lora": 8}, "saturation": {"queueDepth": 50}}'.
+    #[arg(long, value_name = "JSON")]
+    pub scheduling: Option<String>,
     /// Live mode: engine seconds per wall second of the replicas (default:
     /// chosen so the token stream stays within what this machine can
     /// carry without distorting the measurement).
@@ -84,6 +93,7 @@ impl BenchArgs {
             (None, None) => None,
         };
         options.replicas = self.replicas;
+        options.hardware = self.hardware.clone();
         if let Some(timeout) = self.client_timeout {
             if !(timeout.is_finite() && timeout > 0.0) {
                 bail!("--client-timeout must be a positive number of seconds");
@@ -96,6 +106,16 @@ impl BenchArgs {
             bail!("--time-scale must be positive");
         }
         options.time_scale = self.time_scale;
+        if let Some(text) = &self.scheduling {
+            let value: serde_json::Value =
+                serde_json::from_str(text).context("--scheduling is not valid JSON")?;
+            if !value.is_object() {
+                bail!(
+                    "--scheduling must be a JSON object, e.g. '{{\"weights\": {{\"lora\": 8}}}}'"
+                );
+            }
+            options.scheduling = Some(value);
+        }
         options.gateway = match self.gateway.as_deref() {
             Some("in-process") => GatewayLauncher::InProcess,
             Some(binary) => GatewayLauncher::Binary(PathBuf::from(binary)),

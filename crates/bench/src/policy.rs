@@ -117,6 +117,9 @@ pub struct PoolDocument<'a> {
     /// may wait for room) are divided by it, so the gateway behaves in
     /// engine time as it would in front of real-time replicas.
     pub time_scale: f64,
+    /// Fields merged into the `scheduling` section of scored policies
+    /// (weights, saturation, ...), for tuning experiments.
+    pub scored_overrides: Option<&'a serde_json::Value>,
 }
 
 impl PoolDocument<'_> {
@@ -147,15 +150,8 @@ pub fn gateway_config(
     if let Some(preset) = &policy.preset {
         scheduling["preset"] = json!(preset);
     }
-    if let Ok(v) = std::env::var("EXP_SAT") {
-        let (q, kv) = v.split_once(',').unwrap();
-        scheduling["saturation"] =
-            json!({"queueDepth": q.parse::<u64>().unwrap(), "kvCache": kv.parse::<f64>().unwrap()});
-    }
-    if let Ok(v) = std::env::var("EXP_W") {
-        let w: Vec<f64> = v.split(',').map(|x| x.parse().unwrap()).collect();
-        scheduling["weights"] =
-            json!({"queue": w[0], "kvCache": w[1], "inflight": w[2], "prefix": w[3], "lora": w[4]});
+    if let (true, Some(overrides)) = (policy.uses_signals(), pool.scored_overrides) {
+        merge(&mut scheduling, overrides);
     }
     let document = json!({
         "apiVersion": config::defaults::API_VERSION,
@@ -206,6 +202,21 @@ pub fn virtual_gateway(
     Ok((gateway::picker_config(&config.spec.pools[0]), flow))
 }
 
+/// Merge `overrides` into `base`, object by object; anything else replaces.
+fn merge(base: &mut serde_json::Value, overrides: &serde_json::Value) {
+    match (base, overrides) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(overrides)) => {
+            for (key, value) in overrides {
+                merge(
+                    base.entry(key.clone()).or_insert(serde_json::Value::Null),
+                    value,
+                );
+            }
+        }
+        (base, value) => *base = value.clone(),
+    }
+}
+
 /// `humantime` spelling for config durations, to the microsecond.
 fn format_duration(d: Duration) -> String {
     if d.is_zero() {
@@ -225,6 +236,7 @@ mod tests {
             adapters: &[],
             endpoints,
             time_scale,
+            scored_overrides: None,
         }
     }
 
@@ -273,6 +285,33 @@ mod tests {
         let (rr, _) =
             virtual_gateway(&PolicyUnderTest::round_robin(), &pool(&endpoints, 1.0)).unwrap();
         assert_eq!(rr.policy, picker::Policy::RoundRobin);
+    }
+
+    #[test]
+    fn overrides_reach_scored_policies_only() {
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let overrides = json!({"weights": {"lora": 8}, "saturation": {"queueDepth": 50}});
+        let doc = PoolDocument {
+            scored_overrides: Some(&overrides),
+            ..pool(&endpoints, 1.0)
+        };
+        let (latency, _) = virtual_gateway(&"latency".parse().unwrap(), &doc).unwrap();
+        assert_eq!(latency.weights.lora, 8.0);
+        assert_eq!(
+            latency.weights.queue,
+            picker::Weights::LATENCY.queue,
+            "the preset fills in the rest"
+        );
+        assert_eq!(latency.saturation.queue_depth, 50);
+        let (rr, _) = virtual_gateway(&PolicyUnderTest::round_robin(), &doc).unwrap();
+        assert_eq!(rr.saturation, picker::Saturation::default());
+        // The config is validated like any other.
+        let bad = json!({"weights": {"lora": -1}});
+        let doc = PoolDocument {
+            scored_overrides: Some(&bad),
+            ..pool(&endpoints, 1.0)
+        };
+        assert!(virtual_gateway(&"scored".parse().unwrap(), &doc).is_err());
     }
 
     #[test]

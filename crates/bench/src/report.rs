@@ -62,6 +62,8 @@ pub struct Setup {
     pub requests_per_load: Vec<(f64, usize)>,
     /// Wall-clock seconds of each run, in result order.
     pub wall_seconds: Vec<f64>,
+    /// Overrides of the scored policies' scheduling config, as JSON.
+    pub scheduling: Option<String>,
 }
 
 impl ScenarioReport {
@@ -149,6 +151,12 @@ impl ScenarioReport {
             "- Each run: {} ({requests} requests); client timeout {} s.",
             self.setup.length, self.setup.client_timeout
         );
+        if let Some(scheduling) = &self.setup.scheduling {
+            let _ = writeln!(
+                out,
+                "- Scored policies ran with these scheduling overrides: `{scheduling}`."
+            );
+        }
         if !self.setup.time_scales.is_empty() {
             let scales = self
                 .setup

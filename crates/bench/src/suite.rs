@@ -46,6 +46,8 @@ pub struct SuiteOptions {
     pub length: Option<RunLength>,
     /// Replace the scenario's replica count (GPU profiles keep cycling).
     pub replicas: Option<usize>,
+    /// Replace the scenario's GPU profiles (cycled over the replicas).
+    pub hardware: Option<Vec<String>>,
     /// Simulated seconds a client waits for a complete answer.
     pub client_timeout: f64,
     /// Scrape period and delay of the modelled gateway (virtual mode).
@@ -58,6 +60,9 @@ pub struct SuiteOptions {
     /// Live mode: the SSE events per wall second the automatic time scale
     /// aims at (each output token is one event on each hop).
     pub live_token_budget: f64,
+    /// Merged into the scored policies' `scheduling` config (weights,
+    /// saturation, ...): tuning experiments on the same traffic.
+    pub scheduling: Option<serde_json::Value>,
 }
 
 impl SuiteOptions {
@@ -70,6 +75,7 @@ impl SuiteOptions {
             loads: None,
             length: None,
             replicas: None,
+            hardware: None,
             client_timeout: match size {
                 Size::Full => 60.0,
                 // Short runs; long answers on slow GPUs would dominate them.
@@ -80,6 +86,7 @@ impl SuiteOptions {
             gateway: GatewayLauncher::InProcess,
             time_scale: None,
             live_token_budget: DEFAULT_LIVE_TOKEN_BUDGET,
+            scheduling: None,
         }
     }
 }
@@ -116,6 +123,17 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
     if let Some(replicas) = options.replicas {
         scenario.fleet.replicas = replicas;
     }
+    if let Some(hardware) = &options.hardware {
+        if hardware.is_empty() {
+            bail!("--hardware needs at least one GPU profile");
+        }
+        scenario.fleet.hardware = hardware.clone();
+    }
+    if scenario.fleet.replicas == 0 {
+        bail!("a fleet needs at least one replica");
+    }
+    // Unknown GPUs, or a model that does not fit them, fail here.
+    scenario.fleet.engine_configs()?;
     if options.mode == Mode::Live && !scenario.live {
         bail!(
             "{} runs in virtual mode only (--mode virtual)",
@@ -168,6 +186,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         about: scenario.about.to_owned(),
         length: scenario.length.to_string(),
         client_timeout: options.client_timeout,
+        scheduling: options.scheduling.as_ref().map(ToString::to_string),
         ..Setup::default()
     };
     for &load in &scenario.loads {
@@ -200,6 +219,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                         client_timeout: options.client_timeout,
                         ready_timeout: std::time::Duration::from_secs(20),
                         seed: options.seed,
+                        scheduling: options.scheduling.clone(),
                     };
                     live::run(&scenario.fleet, policy, planned.clone(), &live_options).await?
                 }
@@ -220,6 +240,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                             adapters: &adapters,
                             endpoints: &endpoints,
                             time_scale: 1.0,
+                            scored_overrides: options.scheduling.as_ref(),
                         };
                         run_virtual(&fleet, &policy, &pool, &workload, rate, duration, &options)
                     })

@@ -39,6 +39,8 @@ pub struct LiveOptions {
     pub ready_timeout: Duration,
     /// Seeds the replicas (answer words; lengths are set by the requests).
     pub seed: u64,
+    /// Merged into the scored policies' `scheduling` config.
+    pub scheduling: Option<serde_json::Value>,
 }
 
 /// The bodies of `plans`, serialized before the clock starts.
@@ -71,6 +73,7 @@ pub async fn run(
         adapters: &fleet.adapters,
         endpoints: &endpoints,
         time_scale: options.time_scale,
+        scored_overrides: options.scheduling.as_ref(),
     };
     let result = async {
         let listen = gateway::free_local_addr()?;
