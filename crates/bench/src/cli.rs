@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
+use crate::agreement;
 use crate::live::GatewayLauncher;
 use crate::policy;
 use crate::report;
@@ -22,9 +23,11 @@ pub struct BenchArgs {
     #[arg(long)]
     pub scenario: String,
     /// live: the real gateway over HTTP in front of simulated replicas;
-    /// virtual: the same engine model and picker in virtual time.
-    #[arg(long, value_enum, default_value_t = Mode::Live)]
-    pub mode: Mode,
+    /// virtual: the same engine model and picker in virtual time; both:
+    /// live, then virtual on the same requests, and a table of how well
+    /// the two agree.
+    #[arg(long, value_enum, default_value_t = ModeArg::Live)]
+    pub mode: ModeArg,
     /// Small runs (two loads, short traffic) that finish in about a minute.
     #[arg(long)]
     pub quick: bool,
@@ -84,7 +87,11 @@ impl BenchArgs {
     /// The suite options these arguments describe.
     pub fn options(&self) -> anyhow::Result<SuiteOptions> {
         let size = if self.quick { Size::Quick } else { Size::Full };
-        let mut options = SuiteOptions::new(self.mode, size, self.seed);
+        let mode = match self.mode {
+            ModeArg::Virtual => Mode::Virtual,
+            ModeArg::Live | ModeArg::Both => Mode::Live,
+        };
+        let mut options = SuiteOptions::new(mode, size, self.seed);
         options.policies = policy::parse_list(&self.policies)?;
         options.loads = self.loads.clone();
         options.length = match (self.duration, self.requests) {
@@ -127,6 +134,14 @@ impl BenchArgs {
     }
 }
 
+/// `--mode`: one of the suite's modes, or both of them compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    Live,
+    Virtual,
+    Both,
+}
+
 /// Run the scenarios: each one's table goes to stdout as soon as it is
 /// done, and to `--out` if given.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -145,18 +160,25 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 ..options.clone()
             };
             let report = suite::run_scenario(name, &seeded).await?;
-            print(&report.markdown())?;
-            if let Some(dir) = &args.out {
-                let stem = if args.repeat > 1 {
-                    format!("{name}-seed{seed}")
-                } else {
-                    name.to_owned()
-                };
-                report.write(dir, &stem)?;
-                eprintln!(
-                    "[{name}] wrote {0}/{stem}.json, {0}/{stem}.md, {0}/{stem}.svg",
-                    dir.display()
-                );
+            let suffix = if args.mode == ModeArg::Both {
+                "-live"
+            } else {
+                ""
+            };
+            emit(&report, &args, &stem(name, seed, args.repeat, suffix))?;
+            if args.mode == ModeArg::Both {
+                let virtual_ = suite::run_scenario(name, &virtual_twin(name, &seeded)?).await?;
+                emit(&virtual_, &args, &stem(name, seed, args.repeat, "-virtual"))?;
+                let agreement = agreement::markdown(&report, &virtual_);
+                print(&agreement)?;
+                if let Some(dir) = &args.out {
+                    let path = dir.join(format!(
+                        "{}.md",
+                        stem(name, seed, args.repeat, "-agreement")
+                    ));
+                    std::fs::write(&path, &agreement)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
             }
             reports.push(report);
         }
@@ -169,6 +191,40 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("writing {}", path.display()))?;
             }
         }
+    }
+    Ok(())
+}
+
+/// The virtual-mode run that repeats `live`'s: same scenario, seed and
+/// requests (live mode's run length), in virtual time.
+fn virtual_twin(name: &str, live: &SuiteOptions) -> anyhow::Result<SuiteOptions> {
+    let length = suite::scenario(name, live)?.length;
+    Ok(SuiteOptions {
+        mode: Mode::Virtual,
+        length: Some(length),
+        ..live.clone()
+    })
+}
+
+/// File stem of one run's outputs.
+fn stem(name: &str, seed: u64, repeat: u64, suffix: &str) -> String {
+    if repeat > 1 {
+        format!("{name}{suffix}-seed{seed}")
+    } else {
+        format!("{name}{suffix}")
+    }
+}
+
+/// Print a run's table, and write its files to `--out` if given.
+fn emit(report: &report::ScenarioReport, args: &BenchArgs, stem: &str) -> anyhow::Result<()> {
+    print(&report.markdown())?;
+    if let Some(dir) = &args.out {
+        report.write(dir, stem)?;
+        eprintln!(
+            "[{}] wrote {1}/{stem}.json, {1}/{stem}.md, {1}/{stem}.svg",
+            report.scenario,
+            dir.display()
+        );
     }
     Ok(())
 }

@@ -12,8 +12,10 @@
 //! - [`stats`]: per-request outcomes and their summary.
 //! - [`report`]: JSON, markdown and SVG output.
 //! - [`suite`]: one scenario, every policy, every load.
+//! - [`agreement`]: live and virtual runs of one scenario compared.
 //! - [`cli`]: the command line.
 
+pub mod agreement;
 pub mod capacity;
 pub mod cli;
 pub mod live;
