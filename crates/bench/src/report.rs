@@ -303,12 +303,13 @@ impl ScenarioReport {
             .filter_map(|r| {
                 let all = r.bands.iter().find(|b| b.band == "all")?;
                 Some(format!(
-                    "{}: {} sent = {} completed + {} refused + {} errors",
+                    "{}: {} sent = {} completed + {} refused + {} errors ({} of them client timeouts)",
                     self.run_label(r),
                     all.requests,
                     all.completed,
                     all.refused,
-                    all.errors
+                    all.errors,
+                    all.timed_out,
                 ))
             })
             .collect::<Vec<_>>()
@@ -951,7 +952,9 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("on: 2 sent = 1 completed + 1 refused + 0 errors"),
+            md.contains(
+                "on: 2 sent = 1 completed + 1 refused + 0 errors (0 of them client timeouts)"
+            ),
             "{md}"
         );
         assert!(md.contains("1 refusals gave no known"), "{md}");

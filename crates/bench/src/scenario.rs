@@ -347,7 +347,7 @@ impl Scenario {
                     // With --quick: the first quiet period, the first peak
                     // and a little after it.
                     live_length: RunLength::Seconds(
-                        if quick { 1.2 } else { FLOW_CYCLES } * cycle_seconds,
+                        if quick { 1.25 } else { FLOW_CYCLES } * cycle_seconds,
                     ),
                     live: true,
                     virtual_time: false,

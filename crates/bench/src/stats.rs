@@ -212,6 +212,8 @@ pub struct BandSummary {
     pub refused_other: u64,
     /// Failed and timed-out requests.
     pub errors: u64,
+    /// Of the errors, requests cut off by the client timeout.
+    pub timed_out: u64,
     /// TTFT of completed requests.
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
@@ -263,6 +265,7 @@ fn band_summary<'a>(band: &str, outcomes: impl Iterator<Item = &'a Outcome>) -> 
         refused_wait_expired: 0,
         refused_other: 0,
         errors: 0,
+        timed_out: 0,
         ttft_p50_ms: None,
         ttft_p99_ms: None,
         queue_wait_p50_ms: None,
@@ -286,7 +289,11 @@ fn band_summary<'a>(band: &str, outcomes: impl Iterator<Item = &'a Outcome>) -> 
                     Refusal::Other => row.refused_other += 1,
                 }
             }
-            Status::Failed | Status::TimedOut => row.errors += 1,
+            Status::Failed => row.errors += 1,
+            Status::TimedOut => {
+                row.errors += 1;
+                row.timed_out += 1;
+            }
         }
     }
     let ms = |values: &mut Vec<f64>, p: f64| percentile(values, p).map(|s| s * 1e3);
@@ -449,6 +456,7 @@ mod tests {
             (Some(0.0), Some(100.0))
         );
         assert_eq!((s.refused_saturated, s.refused_other, s.errors), (1, 1, 2));
+        assert_eq!(s.timed_out, 1);
         // TTFT is of completed requests only; the wait of a request that
         // reached a replica counts whatever happened next.
         assert_eq!(s.ttft_p99_ms, None);
