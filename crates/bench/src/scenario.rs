@@ -212,7 +212,8 @@ pub const FLOW_BANDS: BandMix = BandMix {
     sheddable: 0.3,
 };
 /// Burst cycles per flow-control run: enough peaks for stable per-band
-/// tails, about two minutes of wall time per run.
+/// tails (about 3,000 requests), under a minute and a half of wall time
+/// per run.
 const FLOW_CYCLES: f64 = 8.0;
 
 /// The `bursty` scenario's arrivals: a quiet period, then a peak at 3-5x
@@ -446,6 +447,7 @@ impl Scenario {
                 NAMES.join(", ")
             ),
         };
+        // flow-control sizes its quick run itself: it must reach a peak.
         if quick && scenario.compare == Compare::Policies {
             scenario.length = match scenario.length {
                 RunLength::Requests(n) => RunLength::Requests(n / 50),
