@@ -9,17 +9,21 @@ use crate::agreement;
 use crate::live::GatewayLauncher;
 use crate::policy;
 use crate::report;
-use crate::scenario::{self, RunLength, Size};
+use crate::scenario::{RunLength, Size};
 use crate::suite::{self, Mode, SuiteOptions};
 
 /// Compare routing policies (round-robin, least-request, scored, presets)
 /// on identical requests and an identical simulated fleet, at several
-/// loads. Prints a markdown table per scenario on stdout, progress on
-/// stderr.
+/// loads; or, in `flow-control`, the scored policy with the gateway's
+/// admission queue on and off. Prints a markdown table per scenario on
+/// stdout, progress on stderr.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Scenario: mixed-fleet, bursty, shared-prefix, lora, uniform,
-    /// fleet-scale (virtual mode only), or all (the first five).
+    /// fleet-scale (virtual mode only), flow-control (live mode only:
+    /// bursts of critical, standard and sheddable requests, flow control on
+    /// vs off, per band), or all (every one but fleet-scale that the mode
+    /// can run).
     #[arg(long)]
     pub scenario: String,
     /// live: the real gateway over HTTP in front of simulated replicas;
@@ -146,7 +150,7 @@ pub enum ModeArg {
 /// done, and to `--out` if given.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let options = args.options()?;
-    let names = scenario::expand(&args.scenario)?;
+    let names = suite::names(&args.scenario, options.mode)?;
     // Refuse a bad combination before spending minutes on the others.
     for name in &names {
         suite::scenario(name, &options)?;

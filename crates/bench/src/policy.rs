@@ -10,19 +10,44 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::virtual_fleet::FlowLimits;
 
 /// A policy as named on the command line: `round-robin`, `least-request`,
 /// `random`, `scored` (default weights), or a weight preset such as
-/// `latency` (also spelt `scored:latency`).
+/// `latency` (also spelt `scored:latency`); and whether the gateway's
+/// admission queue is on for the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyUnderTest {
     /// Config name of the policy.
     policy: &'static str,
     /// Weight preset of the scored policy.
     preset: Option<String>,
+    flow: FlowMode,
+}
+
+/// The gateway's admission queue during a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowMode {
+    /// The gateway's defaults: a saturated pool holds requests for up to
+    /// their band's `maxWait`.
+    #[default]
+    On,
+    /// Every band `maxWait: 0s`: refused at once while the pool is
+    /// saturated, as a gateway without a queue does.
+    Off,
+}
+
+impl FlowMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowMode::On => "on",
+            FlowMode::Off => "off",
+        }
+    }
 }
 
 impl PolicyUnderTest {
@@ -33,7 +58,17 @@ impl PolicyUnderTest {
         Self {
             policy: Self::ROUND_ROBIN,
             preset: None,
+            flow: FlowMode::On,
         }
+    }
+
+    /// The same policy with the admission queue `flow`.
+    pub fn with_flow(self, flow: FlowMode) -> Self {
+        Self { flow, ..self }
+    }
+
+    pub fn flow(&self) -> FlowMode {
+        self.flow
     }
 
     /// The default comparison: round-robin, least-request, scored.
@@ -79,7 +114,11 @@ impl std::str::FromStr for PolicyUnderTest {
                 picker::Weights::PRESETS.join(", ")
             ),
         };
-        Ok(Self { policy, preset })
+        Ok(Self {
+            policy,
+            preset,
+            flow: FlowMode::On,
+        })
     }
 }
 
@@ -120,6 +159,10 @@ pub struct PoolDocument<'a> {
     /// Fields merged into the `scheduling` section of scored policies
     /// (weights, saturation, ...), for tuning experiments.
     pub scored_overrides: Option<&'a serde_json::Value>,
+    /// Clients mark their band with `x-infergate-priority`: the gateway
+    /// lets the header raise a band, and reports each request's queue wait
+    /// (decision headers).
+    pub priorities: bool,
 }
 
 impl PoolDocument<'_> {
@@ -139,7 +182,13 @@ pub fn gateway_config(
 ) -> anyhow::Result<(String, config::InferenceGatewayConfig)> {
     let picker_defaults = picker::PickerConfig::default();
     let defaults = config::FlowControl::default();
-    let band = |band: config::Priority| json!({"maxWait": pool.scaled(defaults.band(band).max_wait(band))});
+    let band = |band: config::Priority| {
+        let wait = match policy.flow {
+            FlowMode::On => defaults.band(band).max_wait(band),
+            FlowMode::Off => Duration::ZERO,
+        };
+        json!({"maxWait": pool.scaled(wait)})
+    };
     let mut scheduling = json!({
         "policy": policy.policy,
         "metrics": {
@@ -153,7 +202,7 @@ pub fn gateway_config(
     if let (true, Some(overrides)) = (policy.uses_signals(), pool.scored_overrides) {
         merge(&mut scheduling, overrides);
     }
-    let document = json!({
+    let mut document = json!({
         "apiVersion": config::defaults::API_VERSION,
         "kind": config::defaults::KIND,
         "metadata": {"name": format!("bench-{policy}")},
@@ -175,6 +224,10 @@ pub fn gateway_config(
             }],
         },
     });
+    if pool.priorities {
+        document["spec"]["flowControl"]["headerMayRaise"] = json!(true);
+        document["spec"]["debug"] = json!({"decisionHeaders": true});
+    }
     // JSON is YAML: the gateway reads this text as it is.
     let text = serde_json::to_string_pretty(&document).expect("JSON values serialize");
     let parsed = config::from_yaml(&text)
@@ -237,6 +290,7 @@ mod tests {
             endpoints,
             time_scale,
             scored_overrides: None,
+            priorities: false,
         }
     }
 
@@ -312,6 +366,42 @@ mod tests {
             ..pool(&endpoints, 1.0)
         };
         assert!(virtual_gateway(&"scored".parse().unwrap(), &doc).is_err());
+    }
+
+    #[test]
+    fn flow_control_off_refuses_every_band_at_once() {
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let doc = PoolDocument {
+            priorities: true,
+            ..pool(&endpoints, 2.0)
+        };
+        let scored: PolicyUnderTest = "scored".parse().unwrap();
+        let (_, on) = gateway_config(&scored, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let off = scored.clone().with_flow(FlowMode::Off);
+        assert_ne!(off, scored);
+        assert_eq!(off.to_string(), "scored");
+        let (_, off) = gateway_config(&off, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let defaults = config::FlowControl::default();
+        for band in config::Priority::ALL {
+            let default = defaults.band(band).max_wait(band);
+            assert_eq!(on.spec.flow_control.band(band).max_wait(band), default / 2);
+            assert_eq!(
+                off.spec.flow_control.band(band).max_wait(band),
+                Duration::ZERO
+            );
+        }
+        // Bands come from the clients' header, and waits are reported.
+        assert!(on.spec.flow_control.header_may_raise);
+        assert!(on.spec.debug.decision_headers);
+        let (_, plain) = gateway_config(
+            &scored,
+            &pool(&endpoints, 2.0),
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        assert!(!plain.spec.flow_control.header_may_raise);
+        assert!(!plain.spec.debug.decision_headers);
     }
 
     #[test]

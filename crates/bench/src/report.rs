@@ -1,5 +1,7 @@
 //! A scenario's results as `NAME.json`, a markdown table (`NAME.md` and
-//! stdout) and an SVG chart of TTFT p95 against load (`NAME.svg`).
+//! stdout) and an SVG chart (`NAME.svg`): TTFT p95 against load, or for
+//! the flow-control comparison, TTFT p99 per band with flow control on and
+//! off.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,7 +10,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::stats::{Summary, change_percent};
+use crate::stats::{BandSummary, Summary, change_percent};
 
 /// Everything one scenario run produced. Serializes to the `NAME.json`
 /// schema: `scenario`, `mode`, `seed`, `fleet`, `results`.
@@ -64,6 +66,8 @@ pub struct Setup {
     pub wall_seconds: Vec<f64>,
     /// Overrides of the scored policies' scheduling config, as JSON.
     pub scheduling: Option<String>,
+    /// More setup lines, one bullet each.
+    pub notes: Vec<String>,
 }
 
 impl ScenarioReport {
@@ -157,6 +161,9 @@ impl ScenarioReport {
                 "- Scored policies ran with these scheduling overrides: `{scheduling}`."
             );
         }
+        for note in &self.setup.notes {
+            let _ = writeln!(out, "- {note}");
+        }
         if !self.setup.time_scales.is_empty() {
             let scales = self
                 .setup
@@ -179,6 +186,10 @@ impl ScenarioReport {
             );
         }
         out.push('\n');
+        if self.compares_flow_control() {
+            self.flow_table(&mut out);
+            return out;
+        }
         out.push_str(
             "| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | ITL p50 | ITL p99 | e2e p50 | e2e p99 | output tok/s | completed | errors | 429s | prefix hits | TTFT p95 vs RR | TTFT p99 vs RR | tok/s vs RR |\n",
         );
@@ -218,9 +229,259 @@ impl ScenarioReport {
         out
     }
 
+    /// Whether the runs compare flow control on and off.
+    fn compares_flow_control(&self) -> bool {
+        self.results.iter().any(|r| r.flow_control.is_some())
+    }
+
+    /// What tells one flow-control run from another: on/off, with the
+    /// policy and load when the report has several.
+    fn run_label(&self, r: &Summary) -> String {
+        let flow = r.flow_control.map_or("—", |f| f.as_str());
+        let mut parts = Vec::new();
+        if self.policies().len() > 1 {
+            parts.push(r.policy.clone());
+        }
+        if self.loads().len() > 1 {
+            parts.push(percent(r.load));
+        }
+        parts.push(flow.to_owned());
+        parts.join(", ")
+    }
+
+    /// Per band (on and off next to each other), then per run: every
+    /// request accounted for.
+    fn flow_table(&self, out: &mut String) {
+        out.push_str("| flow control | band | requests | completed | TTFT p50 | TTFT p99 | 429 saturated | 429 queue-full | 429 wait-expired | errors | queue wait p50 | queue wait p99 |\n");
+        out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let mut bands: Vec<&str> = Vec::new();
+        for b in self.results.iter().flat_map(|r| &r.bands) {
+            if !bands.contains(&b.band.as_str()) {
+                bands.push(&b.band);
+            }
+        }
+        for band in bands {
+            for r in &self.results {
+                let Some(b) = r.bands.iter().find(|b| b.band == band) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    self.run_label(r),
+                    b.band,
+                    b.requests,
+                    b.completed,
+                    ms(b.ttft_p50_ms),
+                    ms(b.ttft_p99_ms),
+                    b.refused_saturated,
+                    b.refused_queue_full,
+                    b.refused_wait_expired,
+                    b.errors,
+                    ms(b.queue_wait_p50_ms),
+                    ms(b.queue_wait_p99_ms),
+                );
+            }
+        }
+        out.push('\n');
+        let other: u64 = self
+            .results
+            .iter()
+            .flat_map(|r| &r.bands)
+            .filter(|b| b.band == "all")
+            .map(|b| b.refused_other)
+            .sum();
+        if other > 0 {
+            let _ = writeln!(
+                out,
+                "{other} refusals gave no known `x-infergate-dropped-reason`; they count as refused, in none of the reason columns.\n"
+            );
+        }
+        let totals = self
+            .results
+            .iter()
+            .filter_map(|r| {
+                let all = r.bands.iter().find(|b| b.band == "all")?;
+                Some(format!(
+                    "{}: {} sent = {} completed + {} refused + {} errors ({} of them client timeouts)",
+                    self.run_label(r),
+                    all.requests,
+                    all.completed,
+                    all.refused,
+                    all.errors,
+                    all.timed_out,
+                ))
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let unaccounted: Vec<String> = self
+            .results
+            .iter()
+            .flat_map(|r| r.bands.iter().map(move |b| (r, b)))
+            .filter(|(_, b)| !b.accounted())
+            .map(|(r, b)| format!("{} {}", self.run_label(r), b.band))
+            .collect();
+        if unaccounted.is_empty() {
+            let _ = writeln!(
+                out,
+                "Every request is accounted for, in every band: {totals}."
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "**Requests not accounted for** in {}: {totals}.",
+                unaccounted.join(", ")
+            );
+        }
+        out.push_str(
+            "TTFT is of completed requests; queue wait is of requests sent to a replica (a `wait-expired` refusal waited its band's `maxWait`).\n",
+        );
+    }
+
+    /// Flow control: TTFT p99 of completed requests per band, a bar for
+    /// each run, with the share of the band that was refused.
+    fn flow_svg(&self) -> String {
+        const WIDTH: f64 = 720.0;
+        const HEIGHT: f64 = 440.0;
+        const LEFT: f64 = 80.0;
+        const RIGHT: f64 = 150.0;
+        const TOP: f64 = 50.0;
+        const BOTTOM: f64 = 70.0;
+        const COLORS: [&str; 6] = [
+            "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
+        ];
+        let plot_w = WIDTH - LEFT - RIGHT;
+        let plot_h = HEIGHT - TOP - BOTTOM;
+        let mut bands: Vec<&str> = Vec::new();
+        for b in self.results.iter().flat_map(|r| &r.bands) {
+            if b.band != "all" && !bands.contains(&b.band.as_str()) {
+                bands.push(&b.band);
+            }
+        }
+        let runs = &self.results;
+        let top = runs
+            .iter()
+            .flat_map(|r| &r.bands)
+            .filter_map(|b| b.ttft_p99_ms)
+            .fold(0.0f64, f64::max);
+        let (top, step) = nice_axis(top);
+        let y = |ms: f64| TOP + plot_h * (1.0 - ms / top);
+        let group_w = plot_w / bands.len().max(1) as f64;
+        let bar_w = (group_w * 0.8 / runs.len().max(1) as f64).min(60.0);
+
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{LEFT}" y="24" font-size="15" font-weight="bold">{}: TTFT p99 per band, flow control on vs off ({} mode)</text>"#,
+            escape(&self.scenario),
+            escape(&self.mode)
+        );
+        let mut tick = 0.0;
+        while tick <= top + step / 2.0 {
+            let yy = y(tick);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
+                LEFT + plot_w
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 8.0,
+                yy + 4.0,
+                axis_ms(tick)
+            );
+            tick += step;
+        }
+        for (g, band) in bands.iter().enumerate() {
+            let center = LEFT + group_w * (g as f64 + 0.5);
+            let start = center - bar_w * runs.len() as f64 / 2.0;
+            for (i, r) in runs.iter().enumerate() {
+                let Some(b) = r.bands.iter().find(|b| b.band == *band) else {
+                    continue;
+                };
+                let x = start + bar_w * i as f64;
+                let color = COLORS[i % COLORS.len()];
+                if let Some(v) = b.ttft_p99_ms {
+                    let yy = y(v);
+                    let _ = writeln!(
+                        svg,
+                        r#"<rect x="{:.1}" y="{yy:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
+                        x + 2.0,
+                        bar_w - 4.0,
+                        TOP + plot_h - yy
+                    );
+                    let _ = writeln!(
+                        svg,
+                        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11">{}</text>"#,
+                        x + bar_w / 2.0,
+                        yy - 4.0,
+                        ms(Some(v))
+                    );
+                }
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
+                    x + bar_w / 2.0,
+                    TOP + plot_h + 14.0,
+                    refused_share(b)
+                );
+            }
+            let _ = writeln!(
+                svg,
+                r#"<text x="{center:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                TOP + plot_h + 32.0,
+                escape(band)
+            );
+        }
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">band (under each bar: share refused with 429)</text>"#,
+            LEFT + plot_w / 2.0,
+            HEIGHT - 14.0
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">TTFT p99 of completed requests</text>"#,
+            TOP + plot_h / 2.0
+        );
+        for (i, r) in runs.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let ly = TOP + 10.0 + 20.0 * i as f64;
+            let lx = LEFT + plot_w + 16.0;
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{lx:.1}" y="{:.1}" width="14" height="10" fill="{color}"/>"#,
+                ly - 5.0
+            );
+            let _ = writeln!(
+                svg,
+                r#"<text x="{:.1}" y="{:.1}">flow control {}</text>"#,
+                lx + 20.0,
+                ly + 4.0,
+                escape(&self.run_label(r))
+            );
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+
     /// TTFT p95 against load, one line per policy, on a log scale (tails
-    /// differ by orders of magnitude between policies).
+    /// differ by orders of magnitude between policies); or per band for
+    /// the flow-control comparison.
     pub fn svg(&self) -> String {
+        if self.compares_flow_control() {
+            return self.flow_svg();
+        }
         const WIDTH: f64 = 720.0;
         const HEIGHT: f64 = 440.0;
         const LEFT: f64 = 80.0;
@@ -455,6 +716,29 @@ fn spread(mut values: Vec<f64>, show: impl Fn(f64) -> String) -> String {
     format!("{} ({} … {})", show(median), show(lo), show(hi))
 }
 
+/// "12 %" of the band refused.
+fn refused_share(b: &BandSummary) -> String {
+    if b.requests == 0 {
+        return "—".to_owned();
+    }
+    format!("{:.0} %", b.refused as f64 / b.requests as f64 * 100.0)
+}
+
+/// An axis top at or above `max` and a round step, about five ticks.
+fn nice_axis(max: f64) -> (f64, f64) {
+    if !(max.is_finite() && max > 0.0) {
+        return (1.0, 0.2);
+    }
+    let raw = max / 5.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * magnitude);
+    ((max / step).ceil() * step, step)
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -510,6 +794,8 @@ mod tests {
             errors: 0,
             rejected_429: 0,
             prefix_hit_rate: 0.25,
+            flow_control: None,
+            bands: Vec::new(),
         }
     }
 
@@ -617,6 +903,74 @@ mod tests {
             5,
             "a header and four rows:\n{md}"
         );
+    }
+
+    fn flow_report() -> ScenarioReport {
+        use crate::policy::FlowMode;
+        use crate::stats::{Outcome, Refusal, band_summaries};
+        use config::Priority;
+        let run = |flow: FlowMode, refusal: Refusal, ttft: f64| {
+            let outcomes = [
+                Outcome::completed(0.0, ttft, 2.0, 10, 10, 0)
+                    .in_band(Some(Priority::Critical))
+                    .after_queue_wait(Some(0.5)),
+                Outcome::refused(0.1, refusal).in_band(Some(Priority::Sheddable)),
+            ];
+            Summary {
+                flow_control: Some(flow),
+                bands: band_summaries(&outcomes),
+                ..summary("scored", 1.0, 100.0)
+            }
+        };
+        ScenarioReport {
+            scenario: "flow-control".into(),
+            results: vec![
+                run(FlowMode::On, Refusal::Saturated, 0.8),
+                run(FlowMode::Off, Refusal::Other, 0.3),
+            ],
+            ..report()
+        }
+    }
+
+    #[test]
+    fn flow_control_reports_bands_on_and_off() {
+        let report = flow_report();
+        let value = serde_json::to_value(&report).unwrap();
+        let row = &value["results"][0];
+        assert_eq!(row["flow_control"], "on");
+        assert_eq!(row["bands"][0]["band"], "critical");
+        assert_eq!(row["bands"][2]["band"], "all");
+        let md = report.markdown();
+        assert!(md.contains("| flow control | band | requests |"), "{md}");
+        // On and off next to each other, per band.
+        assert!(
+            md.contains("| on | critical | 1 | 1 | 800 ms | 800 ms | 0 | 0 | 0 | 0 | 500 ms | 500 ms |\n| off | critical |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| on | sheddable | 1 | 0 | — | — | 1 | 0 | 0 | 0 | — | — |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "on: 2 sent = 1 completed + 1 refused + 0 errors (0 of them client timeouts)"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("1 refusals gave no known"), "{md}");
+        let svg = report.svg();
+        assert!(svg.contains("TTFT p99 per band"), "{svg}");
+        // A bar per band and run that completed anything, plus the legend.
+        assert_eq!(svg.matches("<rect").count(), 1 + 2 + 1 + 2, "{svg}");
+        assert!(svg.contains(">flow control off<"), "{svg}");
+        assert!(svg.contains(">100 %<"), "sheddable refused: {svg}");
+    }
+
+    #[test]
+    fn axis_steps_are_round() {
+        assert_eq!(nice_axis(9_300.0), (10_000.0, 2_000.0));
+        assert_eq!(nice_axis(420.0), (500.0, 100.0));
+        assert_eq!(nice_axis(0.0), (1.0, 0.2));
     }
 
     #[test]

@@ -3,14 +3,16 @@
 //!
 //! Five reproduce the situations of the AWS HyperPod benchmark
 //! (`mixed-fleet`, `bursty`, `shared-prefix`, `lora`, `uniform`);
-//! `fleet-scale` is a thousand-replica fleet for virtual mode only.
+//! `fleet-scale` is a thousand-replica fleet for virtual mode only;
+//! `flow-control` sends bursts of three priority bands and compares the
+//! gateway's admission queue on and off, live only.
 
 use std::fmt::Write as _;
 
 use anyhow::{Context, bail};
 use sim::engine::EngineConfig;
 
-use crate::workload::{LengthDist, Mix, Range, Traffic, WorkloadSpec};
+use crate::workload::{BandMix, LengthDist, Mix, Range, Traffic, WorkloadSpec};
 
 /// Replicas of one model on (possibly) different GPUs.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,6 +123,22 @@ pub struct Scenario {
     pub live_length: RunLength,
     /// Whether live mode can run it (a thousand replicas cannot).
     pub live: bool,
+    /// Whether virtual mode can run it (it models one band's queue only).
+    pub virtual_time: bool,
+    /// What the runs of each load differ in.
+    pub compare: Compare,
+}
+
+/// What a scenario's runs compare, on identical arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compare {
+    /// Every policy of `--policies`, under the gateway's default flow
+    /// control.
+    Policies,
+    /// Each scored policy of `--policies` (only the scored policy reports
+    /// a pool saturated, so only it ever queues) with the gateway's
+    /// admission queue on, then off.
+    FlowControl,
 }
 
 /// How long a run offers traffic.
@@ -152,16 +170,25 @@ impl std::fmt::Display for RunLength {
     }
 }
 
-/// The scenarios `--scenario all` runs, in report order.
-pub const ALL: [&str; 5] = ["mixed-fleet", "bursty", "shared-prefix", "lora", "uniform"];
+/// The scenarios `--scenario all` runs, in report order (those of them
+/// the mode can run).
+pub const ALL: [&str; 6] = [
+    "mixed-fleet",
+    "bursty",
+    "shared-prefix",
+    "lora",
+    "uniform",
+    "flow-control",
+];
 /// Every scenario name, `all` excluded.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "mixed-fleet",
     "bursty",
     "shared-prefix",
     "lora",
     "uniform",
     "fleet-scale",
+    "flow-control",
 ];
 
 const LOADS: [f64; 4] = [0.5, 0.8, 1.0, 1.2];
@@ -174,6 +201,38 @@ const LIVE_REQUESTS: u64 = 1000;
 /// their full size): a smoke test of every path, not a measurement.
 const QUICK_REQUESTS: u64 = 100;
 const QUICK_LOADS: [f64; 2] = [0.5, 1.0];
+
+/// Bands of the flow-control scenario. Critical is the interactive,
+/// paying minority; sheddable (batch jobs, prefetches, retries that can
+/// come back later) is large enough that shedding it frees real room in
+/// a burst; standard is the bulk.
+pub const FLOW_BANDS: BandMix = BandMix {
+    critical: 0.2,
+    standard: 0.5,
+    sheddable: 0.3,
+};
+/// Burst cycles per flow-control run: enough peaks for stable per-band
+/// tails (about 3,000 requests), under a minute and a half of wall time
+/// per run.
+const FLOW_CYCLES: f64 = 8.0;
+
+/// The `bursty` scenario's arrivals: a quiet period, then a peak at 3-5x
+/// the mean rate, every 12 s.
+fn bursts() -> Traffic {
+    Traffic::Bursty {
+        cycle_seconds: 12.0,
+        peak_seconds: 2.0,
+        peak_factor: (3.0, 5.0),
+    }
+}
+
+/// The `bursty` scenario's fleet: four H100 nodes serving a 70B model.
+fn tp4_70b(replicas: usize) -> FleetPlan {
+    FleetPlan {
+        tensor_parallel: Some(4),
+        ..fleet(replicas, &["h100"], "llama-3.1-70b")
+    }
+}
 
 /// Chat lengths: prompts log-normal around 1,000 tokens (about a third of
 /// them above 1,500), answers around 200 tokens with a long tail, as in
@@ -255,27 +314,47 @@ impl Scenario {
                 length: RunLength::Requests(REQUESTS),
                 live_length: RunLength::Requests(LIVE_REQUESTS),
                 live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
             },
             "bursty" => Scenario {
                 name: "bursty",
                 about: "Bursty chat traffic on a large tensor-parallel model: quiet periods, then peaks at 3-5x the mean rate.",
-                fleet: FleetPlan {
-                    tensor_parallel: Some(4),
-                    ..fleet(4, &["h100"], "llama-3.1-70b")
-                },
-                workload: workload(
-                    Traffic::Bursty {
-                        cycle_seconds: 12.0,
-                        peak_seconds: 2.0,
-                        peak_factor: (3.0, 5.0),
-                    },
-                    chat(),
-                ),
+                fleet: tp4_70b(4),
+                workload: workload(bursts(), chat()),
                 loads,
                 length: RunLength::Requests(REQUESTS),
                 live_length: RunLength::Requests(LIVE_REQUESTS),
                 live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
             },
+            "flow-control" => {
+                let Traffic::Bursty { cycle_seconds, .. } = bursts() else {
+                    unreachable!("bursts are bursty")
+                };
+                Scenario {
+                    name: "flow-control",
+                    about: "The bursty scenario's fleet and bursts at a mean load of 100 %, each request marked critical (20 %), standard (50 %) or sheddable (30 %) with `x-infergate-priority`; the scored policy with the gateway's admission queue on (its defaults) and off (every band refused at once while the pool is saturated). Live mode only.",
+                    // One replica with --quick: one burst saturates it at
+                    // little cost.
+                    fleet: tp4_70b(if quick { 1 } else { 4 }),
+                    workload: WorkloadSpec {
+                        bands: Some(FLOW_BANDS),
+                        ..workload(bursts(), chat())
+                    },
+                    loads: vec![1.0],
+                    length: RunLength::Seconds(FLOW_CYCLES * cycle_seconds),
+                    // With --quick: the first quiet period, the first peak
+                    // and a little after it.
+                    live_length: RunLength::Seconds(
+                        if quick { 1.25 } else { FLOW_CYCLES } * cycle_seconds,
+                    ),
+                    live: true,
+                    virtual_time: false,
+                    compare: Compare::FlowControl,
+                }
+            }
             "shared-prefix" => Scenario {
                 name: "shared-prefix",
                 about: "Users asking about 8 shared documents of 2-6k tokens in multi-turn conversations.",
@@ -303,6 +382,8 @@ impl Scenario {
                 length: RunLength::Requests(REQUESTS),
                 live_length: RunLength::Requests(LIVE_REQUESTS),
                 live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
             },
             "lora" => {
                 let adapters: Vec<String> = (0..12).map(|i| format!("lora-{i:02}")).collect();
@@ -333,6 +414,8 @@ impl Scenario {
                     length: RunLength::Requests(REQUESTS),
                     live_length: RunLength::Requests(LIVE_REQUESTS),
                     live: true,
+                    virtual_time: true,
+                    compare: Compare::Policies,
                 }
             }
             "uniform" => Scenario {
@@ -344,6 +427,8 @@ impl Scenario {
                 length: RunLength::Requests(REQUESTS),
                 live_length: RunLength::Requests(LIVE_REQUESTS),
                 live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
             },
             "fleet-scale" => Scenario {
                 name: "fleet-scale",
@@ -354,13 +439,16 @@ impl Scenario {
                 length: RunLength::Requests(1_000_000),
                 live_length: RunLength::Requests(0),
                 live: false,
+                virtual_time: true,
+                compare: Compare::Policies,
             },
             other => bail!(
                 "unknown scenario {other:?} (expected all, {})",
                 NAMES.join(", ")
             ),
         };
-        if quick {
+        // flow-control sizes its quick run itself: it must reach a peak.
+        if quick && scenario.compare == Compare::Policies {
             scenario.length = match scenario.length {
                 RunLength::Requests(n) => RunLength::Requests(n / 50),
                 seconds => seconds,
@@ -385,13 +473,22 @@ fn workload(traffic: Traffic, mix: Mix) -> WorkloadSpec {
         mix,
         // Set from the fleet once the scenario is assembled.
         model: String::new(),
+        bands: None,
     }
 }
 
-/// Scenario names from `--scenario`: `all` or one name.
-pub fn expand(name: &str) -> anyhow::Result<Vec<&'static str>> {
+/// Scenario names from `--scenario`: `all` (those of [`ALL`] that can run
+/// `live` or in virtual time) or one name.
+pub fn expand(name: &str, live: bool) -> anyhow::Result<Vec<&'static str>> {
     if name == "all" {
-        return Ok(ALL.to_vec());
+        return ALL
+            .into_iter()
+            .filter_map(|n| match Scenario::named(n, Size::Full) {
+                Ok(s) if (if live { s.live } else { s.virtual_time }) => Some(Ok(n)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect();
     }
     NAMES
         .into_iter()
@@ -432,9 +529,34 @@ mod tests {
     }
 
     #[test]
-    fn all_expands_to_the_five_aws_scenarios() {
-        assert_eq!(expand("all").unwrap(), ALL);
-        assert_eq!(expand("lora").unwrap(), ["lora"]);
-        assert!(expand("everything").is_err());
+    fn all_expands_to_what_the_mode_can_run() {
+        assert_eq!(expand("all", true).unwrap(), ALL);
+        assert_eq!(
+            expand("all", false).unwrap(),
+            ["mixed-fleet", "bursty", "shared-prefix", "lora", "uniform"]
+        );
+        assert_eq!(expand("lora", true).unwrap(), ["lora"]);
+        assert_eq!(expand("fleet-scale", false).unwrap(), ["fleet-scale"]);
+        assert!(expand("everything", true).is_err());
+    }
+
+    #[test]
+    fn flow_control_marks_bands_on_the_bursty_fleet() {
+        let full = Scenario::named("flow-control", Size::Full).unwrap();
+        let bursty = Scenario::named("bursty", Size::Full).unwrap();
+        assert_eq!(full.fleet, bursty.fleet);
+        assert_eq!(full.workload.traffic, bursty.workload.traffic);
+        assert_eq!(full.workload.mix, bursty.workload.mix);
+        assert_eq!(full.workload.bands, Some(FLOW_BANDS));
+        let shares = FLOW_BANDS.critical + FLOW_BANDS.standard + FLOW_BANDS.sheddable;
+        assert!((shares - 1.0).abs() < 1e-12);
+        assert_eq!(full.compare, Compare::FlowControl);
+        assert!(full.live && !full.virtual_time);
+        let quick = Scenario::named("flow-control", Size::Quick).unwrap();
+        // The quick run reaches the end of the first peak.
+        let Traffic::Bursty { cycle_seconds, .. } = quick.workload.traffic else {
+            panic!("bursty traffic")
+        };
+        assert!(quick.live_length.seconds_at(1.0) > cycle_seconds);
     }
 }

@@ -14,15 +14,22 @@
 //! - **prefix hit rate**: prompt tokens served from the replicas' prefix
 //!   caches ÷ prompt tokens, over completed requests.
 //!
+//! - **queue wait**: time in the gateway's admission queue, from its
+//!   `x-infergate-queue-wait-ms` header, for requests sent to a replica.
+//!
 //! All times are simulated seconds.
 
+use config::Priority;
 use serde::Serialize;
+
+use crate::policy::FlowMode;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Completed,
-    /// The gateway answered 429 (every replica saturated).
+    /// The gateway answered 429 (every replica saturated); why, in
+    /// [`Outcome::refusal`] when it said.
     Rejected,
     /// Any other failure: an error status, a broken stream, a refusal.
     Failed,
@@ -45,11 +52,63 @@ pub struct Outcome {
     pub prompt_tokens: u32,
     pub cached_tokens: u32,
     pub output_tokens: u32,
+    /// The band the request was marked with.
+    pub band: Option<Priority>,
+    /// Seconds it waited in the gateway's admission queue, when the
+    /// gateway reported it (requests sent to a replica).
+    pub queue_wait: Option<f64>,
+    /// Why a rejected request was refused.
+    pub refusal: Option<Refusal>,
+}
+
+/// A 429's `x-infergate-dropped-reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Saturated and the band may not wait (`maxWait: 0s`).
+    Saturated,
+    /// The band's queue was full.
+    QueueFull,
+    /// Waited the band's `maxWait` without room.
+    WaitExpired,
+    /// Another reason, or none given.
+    Other,
+}
+
+impl Refusal {
+    pub fn from_reason(reason: Option<&str>) -> Self {
+        match reason {
+            Some("saturated") => Refusal::Saturated,
+            Some("queue-full") => Refusal::QueueFull,
+            Some("wait-expired") => Refusal::WaitExpired,
+            _ => Refusal::Other,
+        }
+    }
 }
 
 impl Outcome {
     pub fn rejected(arrival: f64) -> Self {
         Self::ended(Status::Rejected, arrival)
+    }
+
+    /// A 429 that gave its reason.
+    pub fn refused(arrival: f64, refusal: Refusal) -> Self {
+        Outcome {
+            refusal: Some(refusal),
+            ..Self::rejected(arrival)
+        }
+    }
+
+    /// The same outcome, for a request of `band`.
+    pub fn in_band(self, band: Option<Priority>) -> Self {
+        Outcome { band, ..self }
+    }
+
+    /// The same outcome, after `seconds` in the gateway's queue.
+    pub fn after_queue_wait(self, seconds: Option<f64>) -> Self {
+        Outcome {
+            queue_wait: seconds,
+            ..self
+        }
     }
 
     pub fn failed(arrival: f64) -> Self {
@@ -66,6 +125,9 @@ impl Outcome {
             prompt_tokens: 0,
             cached_tokens: 0,
             output_tokens: 0,
+            band: None,
+            queue_wait: None,
+            refusal: None,
         }
     }
 
@@ -88,6 +150,9 @@ impl Outcome {
             prompt_tokens,
             cached_tokens,
             output_tokens,
+            band: None,
+            queue_wait: None,
+            refusal: None,
         }
     }
 
@@ -122,6 +187,121 @@ pub struct Summary {
     pub errors: u64,
     pub rejected_429: u64,
     pub prefix_hit_rate: f64,
+    /// Whether the gateway's admission queue was on, in scenarios that
+    /// compare the two.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowMode>,
+    /// Per priority band, then `all`, when the requests were marked.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bands: Vec<BandSummary>,
+}
+
+/// The requests of one priority band in a run. Every request is counted
+/// once: `requests == completed + refused + errors`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BandSummary {
+    /// `critical`, `standard`, `sheddable`, or `all`.
+    pub band: String,
+    pub requests: u64,
+    pub completed: u64,
+    /// 429s, whatever the reason (the next four fields split them).
+    pub refused: u64,
+    pub refused_saturated: u64,
+    pub refused_queue_full: u64,
+    pub refused_wait_expired: u64,
+    pub refused_other: u64,
+    /// Failed and timed-out requests.
+    pub errors: u64,
+    /// Of the errors, requests cut off by the client timeout.
+    pub timed_out: u64,
+    /// TTFT of completed requests.
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    /// Gateway queue wait of the requests sent to a replica.
+    pub queue_wait_p50_ms: Option<f64>,
+    pub queue_wait_p99_ms: Option<f64>,
+}
+
+impl BandSummary {
+    /// Whether every request is counted exactly once.
+    pub fn accounted(&self) -> bool {
+        self.completed + self.refused + self.errors == self.requests
+            && self.refused
+                == self.refused_saturated
+                    + self.refused_queue_full
+                    + self.refused_wait_expired
+                    + self.refused_other
+    }
+}
+
+/// One row per band present in `outcomes` (in band order), then `all`;
+/// nothing when no request was marked with a band.
+pub fn band_summaries(outcomes: &[Outcome]) -> Vec<BandSummary> {
+    if outcomes.iter().all(|o| o.band.is_none()) {
+        return Vec::new();
+    }
+    let mut rows: Vec<BandSummary> = Priority::ALL
+        .into_iter()
+        .filter(|band| outcomes.iter().any(|o| o.band == Some(*band)))
+        .map(|band| {
+            band_summary(
+                band.as_str(),
+                outcomes.iter().filter(|o| o.band == Some(band)),
+            )
+        })
+        .collect();
+    rows.push(band_summary("all", outcomes.iter()));
+    rows
+}
+
+fn band_summary<'a>(band: &str, outcomes: impl Iterator<Item = &'a Outcome>) -> BandSummary {
+    let mut row = BandSummary {
+        band: band.to_owned(),
+        requests: 0,
+        completed: 0,
+        refused: 0,
+        refused_saturated: 0,
+        refused_queue_full: 0,
+        refused_wait_expired: 0,
+        refused_other: 0,
+        errors: 0,
+        timed_out: 0,
+        ttft_p50_ms: None,
+        ttft_p99_ms: None,
+        queue_wait_p50_ms: None,
+        queue_wait_p99_ms: None,
+    };
+    let (mut ttft, mut waits) = (Vec::new(), Vec::new());
+    for o in outcomes {
+        row.requests += 1;
+        waits.extend(o.queue_wait);
+        match o.status {
+            Status::Completed => {
+                row.completed += 1;
+                ttft.extend(o.ttft);
+            }
+            Status::Rejected => {
+                row.refused += 1;
+                match o.refusal.unwrap_or(Refusal::Other) {
+                    Refusal::Saturated => row.refused_saturated += 1,
+                    Refusal::QueueFull => row.refused_queue_full += 1,
+                    Refusal::WaitExpired => row.refused_wait_expired += 1,
+                    Refusal::Other => row.refused_other += 1,
+                }
+            }
+            Status::Failed => row.errors += 1,
+            Status::TimedOut => {
+                row.errors += 1;
+                row.timed_out += 1;
+            }
+        }
+    }
+    let ms = |values: &mut Vec<f64>, p: f64| percentile(values, p).map(|s| s * 1e3);
+    row.ttft_p50_ms = ms(&mut ttft, 50.0);
+    row.ttft_p99_ms = ms(&mut ttft, 99.0);
+    row.queue_wait_p50_ms = ms(&mut waits, 50.0);
+    row.queue_wait_p99_ms = ms(&mut waits, 99.0);
+    row
 }
 
 /// The summary of a run's outcomes. `timeout` is the client timeout, the
@@ -183,6 +363,8 @@ pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) ->
         } else {
             0.0
         },
+        flow_control: None,
+        bands: band_summaries(outcomes),
     }
 }
 
@@ -241,6 +423,47 @@ mod tests {
         assert_eq!(s.ttft_p99_ms, Some(60_000.0));
         assert_eq!(s.e2e_p99_ms, Some(60_000.0));
         assert!((s.ttft_p50_ms.unwrap() - 300.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bands_count_every_request_once() {
+        let critical = Some(Priority::Critical);
+        let sheddable = Some(Priority::Sheddable);
+        let outcomes = [
+            Outcome::completed(0.0, 0.2, 1.0, 5, 10, 0)
+                .in_band(critical)
+                .after_queue_wait(Some(0.1)),
+            Outcome::completed(0.1, 0.4, 1.0, 5, 10, 0)
+                .in_band(critical)
+                .after_queue_wait(Some(0.0)),
+            Outcome::refused(0.2, Refusal::WaitExpired).in_band(critical),
+            Outcome::refused(0.3, Refusal::Saturated).in_band(sheddable),
+            Outcome::rejected(0.4).in_band(sheddable),
+            Outcome::timed_out(0.5, Some(3.0))
+                .in_band(sheddable)
+                .after_queue_wait(Some(2.0)),
+            Outcome::failed(0.6).in_band(sheddable),
+        ];
+        let rows = band_summaries(&outcomes);
+        let names: Vec<&str> = rows.iter().map(|r| r.band.as_str()).collect();
+        assert_eq!(names, ["critical", "sheddable", "all"]);
+        assert!(rows.iter().all(BandSummary::accounted), "{rows:?}");
+        let (c, s, all) = (&rows[0], &rows[1], &rows[2]);
+        assert_eq!((c.requests, c.completed, c.refused_wait_expired), (3, 2, 1));
+        assert_eq!((c.ttft_p50_ms, c.ttft_p99_ms), (Some(200.0), Some(400.0)));
+        assert_eq!(
+            (c.queue_wait_p50_ms, c.queue_wait_p99_ms),
+            (Some(0.0), Some(100.0))
+        );
+        assert_eq!((s.refused_saturated, s.refused_other, s.errors), (1, 1, 2));
+        assert_eq!(s.timed_out, 1);
+        // TTFT is of completed requests only; the wait of a request that
+        // reached a replica counts whatever happened next.
+        assert_eq!(s.ttft_p99_ms, None);
+        assert_eq!(s.queue_wait_p99_ms, Some(2000.0));
+        assert_eq!((all.requests, all.refused), (7, 3));
+        assert!(band_summaries(&[Outcome::failed(0.0)]).is_empty());
+        assert_eq!(summarize("scored", 1.0, &outcomes, 60.0).bands, rows);
     }
 
     #[test]

@@ -1,4 +1,5 @@
 //! Running a scenario: estimate the fleet's capacity, then run every policy
+//! (or, in `flow-control`, the scored policy with flow control on and off)
 //! at every load on the same requests, in virtual time or live, and
 //! summarize.
 
@@ -10,9 +11,9 @@ use anyhow::bail;
 
 use crate::capacity::{self, Calibration, FleetCapacity};
 use crate::live::{self, GatewayLauncher, LiveOptions};
-use crate::policy::{self, PolicyUnderTest, PoolDocument};
+use crate::policy::{self, FlowMode, PolicyUnderTest, PoolDocument};
 use crate::report::{FleetReport, ReplicaCapacityReport, ScenarioReport, Setup};
-use crate::scenario::{RunLength, Scenario, Size};
+use crate::scenario::{self as scenarios, Compare, RunLength, Scenario, Size};
 use crate::stats::{self, Outcome, Summary};
 use crate::virtual_fleet::{self, Prepared, VirtualFleet, VirtualOptions};
 use crate::workload::Workload;
@@ -140,10 +141,42 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
             scenario.name
         );
     }
+    if options.mode == Mode::Virtual && !scenario.virtual_time {
+        bail!(
+            "{} runs in live mode only (--mode live): virtual mode models one priority band's queue",
+            scenario.name
+        );
+    }
+    if runs(&scenario, options).is_empty() {
+        bail!(
+            "{} compares scored policies with flow control on and off (only they report a pool saturated); --policies names none",
+            scenario.name
+        );
+    }
     if scenario.loads.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
         bail!("loads must be positive fractions of capacity, e.g. 0.5,0.8");
     }
     Ok(scenario)
+}
+
+/// Scenario names from `--scenario` for `mode`: `all` is every scenario of
+/// [`scenarios::ALL`] the mode can run.
+pub fn names(scenario: &str, mode: Mode) -> anyhow::Result<Vec<&'static str>> {
+    scenarios::expand(scenario, mode == Mode::Live)
+}
+
+/// The runs of each load of `scenario`, in order: one per policy, or each
+/// scored policy with flow control on, then off.
+pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<PolicyUnderTest> {
+    match scenario.compare {
+        Compare::Policies => options.policies.clone(),
+        Compare::FlowControl => options
+            .policies
+            .iter()
+            .filter(|p| p.uses_signals())
+            .flat_map(|p| [FlowMode::On, FlowMode::Off].map(|flow| p.clone().with_flow(flow)))
+            .collect(),
+    }
 }
 
 /// Run one scenario: every policy at every load. Progress goes to stderr.
@@ -187,8 +220,10 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         length: scenario.length.to_string(),
         client_timeout: options.client_timeout,
         scheduling: options.scheduling.as_ref().map(ToString::to_string),
+        notes: notes(&scenario),
         ..Setup::default()
     };
+    let runs = runs(&scenario, options);
     for &load in &scenario.loads {
         let rate = load * capacity.requests_per_s;
         let duration = scenario.length.seconds_at(rate);
@@ -205,11 +240,11 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                     }
                 });
                 setup.time_scales.push((load, time_scale));
-                Some((live::planned(&plans), time_scale))
+                Some((live::planned(&workload, &plans), time_scale))
             }
             Mode::Virtual => None,
         };
-        for policy in &options.policies {
+        for policy in &runs {
             let started = Instant::now();
             let outcomes = match &live {
                 Some((planned, time_scale)) => {
@@ -241,6 +276,8 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                             endpoints: &endpoints,
                             time_scale: 1.0,
                             scored_overrides: options.scheduling.as_ref(),
+                            // Virtual mode sends no headers.
+                            priorities: false,
                         };
                         run_virtual(&fleet, &policy, &pool, &workload, rate, duration, &options)
                     })
@@ -249,8 +286,11 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             };
             let wall = started.elapsed().as_secs_f64();
             requests.get_or_insert(outcomes.len());
-            let summary =
+            let mut summary =
                 stats::summarize(&policy.to_string(), load, &outcomes, options.client_timeout);
+            if scenario.compare == Compare::FlowControl {
+                summary.flow_control = Some(policy.flow());
+            }
             eprintln!(
                 "{}",
                 progress_line(scenario.name, &summary, outcomes.len(), wall)
@@ -378,14 +418,55 @@ fn fleet_report(
     }
 }
 
+/// Setup lines of a scenario's report beyond the fleet and the lengths.
+fn notes(scenario: &Scenario) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(bands) = scenario.workload.bands {
+        let shares = config::Priority::ALL
+            .map(|band| format!("{:.0} % {}", bands.share(band) * 100.0, band.as_str()))
+            .join(", ");
+        notes.push(format!(
+            "Bands: {shares}, sent as `x-infergate-priority` (the gateway runs with `flowControl.headerMayRaise: true`); queue waits from `x-infergate-queue-wait-ms`."
+        ));
+    }
+    if scenario.compare == Compare::FlowControl {
+        let defaults = config::FlowControl::default();
+        let waits = config::Priority::ALL
+            .map(|band| {
+                let wait = defaults.band(band).max_wait(band);
+                format!("{} {} s", band.as_str(), wait.as_secs_f64())
+            })
+            .join(", ");
+        notes.push(format!(
+            "Flow control **on**: the gateway's defaults (`maxWait` {waits}); **off**: every band `maxWait: 0s`, refused at once while the pool is saturated."
+        ));
+    }
+    notes
+}
+
 fn progress_line(scenario: &str, s: &Summary, requests: usize, wall: f64) -> String {
-    format!(
-        "[{scenario}] load {:>3.0} % {:<16} {requests:>7} requests in {wall:>6.1} s wall: TTFT p95 {}, completed {}, errors {}, 429s {}",
+    let policy = match s.flow_control {
+        Some(flow) => format!("{}, flow {}", s.policy, flow.as_str()),
+        None => s.policy.clone(),
+    };
+    let mut line = format!(
+        "[{scenario}] load {:>3.0} % {policy:<16} {requests:>7} requests in {wall:>6.1} s wall: TTFT p95 {}, completed {}, errors {}, 429s {}",
         s.load * 100.0,
-        s.policy,
         crate::report::ms(s.ttft_p95_ms),
         s.completed,
         s.errors,
         s.rejected_429,
-    )
+    );
+    for band in &s.bands {
+        line.push_str(&format!(
+            "\n[{scenario}]   {:<9} sent {} = completed {} + refused {} + errors {}{}",
+            band.band,
+            band.requests,
+            band.completed,
+            band.refused,
+            band.errors,
+            if band.accounted() { "" } else { "  (MISMATCH)" },
+        ));
+    }
+    line
 }

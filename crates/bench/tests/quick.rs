@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use bench::live::GatewayLauncher;
 use bench::report::ScenarioReport;
-use bench::scenario::{self, Size};
+use bench::scenario::Size;
 use bench::suite::{self, Mode, SuiteOptions};
 
 fn assert_complete(report: &ScenarioReport, options: &SuiteOptions) {
@@ -71,7 +71,7 @@ fn assert_complete(report: &ScenarioReport, options: &SuiteOptions) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_benchmark_runs_every_policy_at_every_load() {
     let virtual_options = SuiteOptions::new(Mode::Virtual, Size::Quick, 7);
-    for name in scenario::ALL {
+    for name in suite::names("all", Mode::Virtual).unwrap() {
         let report = suite::run_scenario(name, &virtual_options).await.unwrap();
         assert_eq!(report.mode, "virtual");
         assert_complete(&report, &virtual_options);

@@ -208,8 +208,8 @@ impl Shutdown {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Debug {
-    /// Add `x-infergate-pool`, `x-infergate-endpoint` and
-    /// `x-infergate-scores` to responses.
+    /// Add `x-infergate-pool`, `x-infergate-endpoint`, `x-infergate-scores`
+    /// and `x-infergate-queue-wait-ms` to responses.
     #[serde(default)]
     pub decision_headers: bool,
 }

@@ -38,6 +38,9 @@ use crate::upstream::{self, REQUEST_ID};
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
 const X_SCORES: &str = "x-infergate-scores";
+/// Milliseconds the request waited in the admission queue (0 when it went
+/// straight through), to the microsecond.
+const X_QUEUE_WAIT: &str = "x-infergate-queue-wait-ms";
 /// Target of the per-request decision log (every candidate's scores), at
 /// debug level: `INFERGATE_LOG=info,infergate::decision=debug`.
 const DECISION_TARGET: &str = "infergate::decision";
@@ -198,7 +201,8 @@ async fn infer(
                 record.on_response(head.status, &head.headers);
                 strip_hop_by_hop(&mut head.headers);
                 if state.debug.decision_headers {
-                    decision_headers(&mut head.headers, pool, &endpoint.addr, decision);
+                    let waited = record.queue_wait.unwrap_or_default();
+                    decision_headers(&mut head.headers, pool, &endpoint.addr, decision, waited);
                 }
                 let body =
                     ProxiedBody::new(incoming, admitted.lease, record, state.timeouts.idle());
@@ -284,6 +288,7 @@ fn decision_headers(
     pool: &PoolRuntime,
     endpoint: &str,
     decision: &picker::Decision,
+    queue_wait: std::time::Duration,
 ) {
     let pairs = [
         (X_POOL, pool.name.clone()),
@@ -291,6 +296,10 @@ fn decision_headers(
         (
             X_SCORES,
             decision.scores_header(SCORES_HEADER_LIMIT).to_string(),
+        ),
+        (
+            X_QUEUE_WAIT,
+            (queue_wait.as_micros() as f64 / 1e3).to_string(),
         ),
     ];
     for (name, value) in pairs {

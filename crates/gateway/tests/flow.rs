@@ -126,6 +126,35 @@ async fn critical_overtakes_waiting_standard_requests() {
 }
 
 #[tokio::test]
+async fn decision_headers_report_the_queue_wait() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&saturable(&replica, "  debug: {decisionHeaders: true}\n"))
+        .await
+        .unwrap();
+    saturate(&gw, &replica).await;
+    let waiter = send(&gw, "w", None, None);
+    queued(&gw, [0, 1, 0]).await;
+    release(&replica);
+    let waited = waiter.await.unwrap();
+    assert_eq!(waited.status(), 200);
+    let ms: f64 = waited.headers()["x-infergate-queue-wait-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // It was in line until the replica reported room again.
+    assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+    // With room, the next one goes straight through.
+    let direct = send(&gw, "d", None, None).await.unwrap();
+    assert_eq!(direct.headers()["x-infergate-queue-wait-ms"], "0");
+    // Refusals carry no decision headers: nothing was decided.
+    saturate(&gw, &replica).await;
+    let shed = send(&gw, "x", Some("sheddable"), None).await.unwrap();
+    assert_eq!(shed.status(), 429);
+    assert!(!shed.headers().contains_key("x-infergate-queue-wait-ms"));
+}
+
+#[tokio::test]
 async fn fairness_keys_alternate_while_both_are_backlogged() {
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
     let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();

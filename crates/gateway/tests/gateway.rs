@@ -223,6 +223,8 @@ async fn decision_headers_name_pool_and_endpoint() {
         resp.headers()["x-infergate-endpoint"],
         a.addr.to_string().as_str()
     );
+    // A replica had room: the request did not wait in the gateway.
+    assert_eq!(resp.headers()["x-infergate-queue-wait-ms"], "0");
 }
 
 #[tokio::test]

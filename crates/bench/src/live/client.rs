@@ -6,22 +6,28 @@
 //! planned instant, so a late sender cannot hide queueing. TTFT ends at the
 //! first SSE data event; the last token is the last data event before the
 //! usage chunk; token and cache counts come from the final `usage` chunk.
+//! A request marked with a band carries it as `x-infergate-priority`; the
+//! gateway's `x-infergate-queue-wait-ms` and `x-infergate-dropped-reason`
+//! are recorded with its outcome.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use config::Priority;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use crate::stats::Outcome;
+use crate::stats::{Outcome, Refusal};
 
 /// One request to send: when (simulated seconds from the start) and what.
 #[derive(Debug, Clone)]
 pub struct Planned {
     pub at: f64,
     pub body: Bytes,
+    /// Sent as `x-infergate-priority`.
+    pub band: Option<Priority>,
 }
 
 /// Sends requests and measures them.
@@ -64,7 +70,8 @@ impl LoadGenerator {
             tokio::time::sleep_until(due).await;
             let this = self.clone();
             tasks.push(tokio::spawn(async move {
-                this.one(request.at, due, request.body).await
+                let outcome = this.one(request.at, due, request.body, request.band).await;
+                outcome.in_band(request.band)
             }));
         }
         let mut outcomes = Vec::with_capacity(tasks.len());
@@ -75,16 +82,23 @@ impl LoadGenerator {
     }
 
     /// One request, sent at `due` (wall) = `arrival` (simulated).
-    async fn one(&self, arrival: f64, due: Instant, body: Bytes) -> Outcome {
+    async fn one(
+        &self,
+        arrival: f64,
+        due: Instant,
+        body: Bytes,
+        band: Option<Priority>,
+    ) -> Outcome {
         let mut progress = Progress::default();
         let deadline = due + self.wall(self.timeout);
-        let exchange = self.exchange(body, &mut progress);
+        let exchange = self.exchange(body, band, &mut progress);
         let ended = tokio::time::timeout_at(deadline, exchange).await;
         let since = |t: Instant| t.duration_since(due).as_secs_f64() * self.time_scale;
         let ttft = progress.first_event.map(since);
-        match ended {
+        let queue_wait = progress.queue_wait_ms.map(|ms| ms / 1e3 * self.time_scale);
+        let outcome = match ended {
             Err(_elapsed) => Outcome::timed_out(arrival, ttft),
-            Ok(Ending::Rejected) => Outcome::rejected(arrival),
+            Ok(Ending::Rejected(refusal)) => Outcome::refused(arrival, refusal),
             Ok(Ending::Failed) => Outcome::failed(arrival),
             Ok(Ending::Done(usage)) => match (ttft, progress.last_token) {
                 (Some(ttft), Some(last)) => Outcome::completed(
@@ -99,24 +113,36 @@ impl LoadGenerator {
                 ),
                 _ => Outcome::failed(arrival),
             },
-        }
+        };
+        outcome.after_queue_wait(queue_wait)
     }
 
-    async fn exchange(&self, body: Bytes, progress: &mut Progress) -> Ending {
-        let response = self
+    async fn exchange(
+        &self,
+        body: Bytes,
+        band: Option<Priority>,
+        progress: &mut Progress,
+    ) -> Ending {
+        let mut request = self
             .client
             .post(&*self.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await;
-        let response = match response {
+            .header(reqwest::header::CONTENT_TYPE, "application/json");
+        if let Some(band) = band {
+            request = request.header("x-infergate-priority", band.as_str());
+        }
+        let response = match request.body(body).send().await {
             Ok(r) => r,
             Err(_) => return Ending::Failed,
         };
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
+        progress.queue_wait_ms = header("x-infergate-queue-wait-ms").and_then(|v| v.parse().ok());
         match response.status().as_u16() {
             200 => {}
-            429 => return Ending::Rejected,
+            429 => {
+                return Ending::Rejected(Refusal::from_reason(header(
+                    "x-infergate-dropped-reason",
+                )));
+            }
             _ => return Ending::Failed,
         }
         let mut stream = response.bytes_stream();
@@ -153,11 +179,13 @@ impl LoadGenerator {
 struct Progress {
     first_event: Option<Instant>,
     last_token: Option<Instant>,
+    /// The gateway's `x-infergate-queue-wait-ms` (wall time).
+    queue_wait_ms: Option<f64>,
 }
 
 enum Ending {
     Done(Usage),
-    Rejected,
+    Rejected(Refusal),
     Failed,
 }
 

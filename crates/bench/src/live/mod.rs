@@ -25,7 +25,7 @@ pub use gateway::{GatewayLauncher, RunningGateway};
 use crate::policy::{self, PolicyUnderTest, PoolDocument};
 use crate::scenario::FleetPlan;
 use crate::stats::Outcome;
-use crate::workload::RequestPlan;
+use crate::workload::{RequestPlan, Workload};
 
 /// How live runs are set up.
 #[derive(Debug, Clone)]
@@ -43,13 +43,15 @@ pub struct LiveOptions {
     pub scheduling: Option<serde_json::Value>,
 }
 
-/// The bodies of `plans`, serialized before the clock starts.
-pub fn planned(plans: &[RequestPlan]) -> Vec<Planned> {
+/// The bodies of `plans` from `workload`, serialized before the clock
+/// starts, with their bands.
+pub fn planned(workload: &Workload, plans: &[RequestPlan]) -> Vec<Planned> {
     plans
         .iter()
         .map(|p| Planned {
             at: p.at,
             body: Bytes::from(serde_json::to_vec(&p.body(true)).expect("bodies serialize")),
+            band: workload.band(p.id),
         })
         .collect()
 }
@@ -74,6 +76,7 @@ pub async fn run(
         endpoints: &endpoints,
         time_scale: options.time_scale,
         scored_overrides: options.scheduling.as_ref(),
+        priorities: requests.iter().any(|r| r.band.is_some()),
     };
     let result = async {
         let listen = gateway::free_local_addr()?;

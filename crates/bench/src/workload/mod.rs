@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 
 use arrivals::ArrivalClock;
 pub use arrivals::Traffic;
+use config::Priority;
 pub use text::{Message, Role, Text, chat_prompt_ids};
 
 /// A log-normal length in tokens, clamped to `[min, max]`: the usual shape
@@ -120,6 +121,38 @@ pub struct WorkloadSpec {
     pub mix: Mix,
     /// The `model` of base-model requests (the pool's served name).
     pub model: String,
+    /// Priority bands the clients mark their requests with, or none (the
+    /// gateway's default band for every request).
+    pub bands: Option<BandMix>,
+}
+
+/// Shares of the requests in each priority band (they sum to 1).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BandMix {
+    pub critical: f64,
+    pub standard: f64,
+    pub sheddable: f64,
+}
+
+impl BandMix {
+    pub fn share(&self, band: Priority) -> f64 {
+        match band {
+            Priority::Critical => self.critical,
+            Priority::Standard => self.standard,
+            Priority::Sheddable => self.sheddable,
+        }
+    }
+
+    /// The band at `u` in `[0, 1)` of the cumulative shares.
+    fn pick(&self, u: f64) -> Priority {
+        if u < self.critical {
+            Priority::Critical
+        } else if u < self.critical + self.standard {
+            Priority::Standard
+        } else {
+            Priority::Sheddable
+        }
+    }
 }
 
 /// One request as a client will send it.
@@ -218,6 +251,15 @@ impl Workload {
 
     pub fn spec(&self) -> &WorkloadSpec {
         &self.spec
+    }
+
+    /// The band request `id` is marked with, if the workload has bands.
+    /// Drawn from its own stream, so adding bands changes nothing else
+    /// about the requests.
+    pub fn band(&self, id: u64) -> Option<Priority> {
+        let bands = self.spec.bands?;
+        let mut rng = SmallRng::seed_from_u64(stream_seed(self.seed, Stream::Bands, id));
+        Some(bands.pick(rng.r#gen()))
     }
 
     /// Requests arriving in `[0, duration)` at a mean of `rate` requests
@@ -330,6 +372,7 @@ enum Stream {
     Documents = 1,
     Arrivals = 2,
     Sessions = 3,
+    Bands = 4,
 }
 
 fn stream_seed(seed: u64, stream: Stream, index: u64) -> u64 {
@@ -534,6 +577,7 @@ mod tests {
                 },
             },
             model: "m".into(),
+            bands: None,
         }
     }
 
@@ -554,6 +598,7 @@ mod tests {
                 },
             },
             model: "m".into(),
+            bands: None,
         }
     }
 
@@ -698,6 +743,39 @@ mod tests {
                 &plans[0].messages[0].content
             ));
         }
+    }
+
+    #[test]
+    fn bands_follow_their_shares_and_leave_the_requests_alone() {
+        let mix = BandMix {
+            critical: 0.2,
+            standard: 0.5,
+            sheddable: 0.3,
+        };
+        let banded = Workload::new(
+            WorkloadSpec {
+                bands: Some(mix),
+                ..chat()
+            },
+            4,
+        );
+        let plain = Workload::new(chat(), 4);
+        assert_eq!(plain.band(0), None);
+        let (a, b) = (banded.sample(500), plain.sample(500));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.at, x.max_tokens), (y.at, y.max_tokens));
+            assert_eq!(x.prompt_ids(), y.prompt_ids());
+        }
+        let n = 10_000;
+        for band in Priority::ALL {
+            let count = (0..n).filter(|&id| banded.band(id) == Some(band)).count();
+            let share = count as f64 / n as f64;
+            assert!((share - mix.share(band)).abs() < 0.02, "{band:?}: {share}");
+        }
+        assert_eq!(
+            banded.band(17),
+            Workload::new(banded.spec().clone(), 4).band(17)
+        );
     }
 
     #[test]
