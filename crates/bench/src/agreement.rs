@@ -186,6 +186,8 @@ mod tests {
             errors: 0,
             rejected_429: 0,
             prefix_hit_rate: 0.0,
+            flow_control: None,
+            bands: vec![],
         }
     }
 

@@ -150,10 +150,18 @@ pub enum ModeArg {
 /// done, and to `--out` if given.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let options = args.options()?;
-    let names = suite::names(&args.scenario, options.mode)?;
+    let mut names = suite::names(&args.scenario, options.mode)?;
+    if args.mode == ModeArg::Both {
+        // Only scenarios that run both ways can be compared.
+        let virtual_names = suite::names(&args.scenario, Mode::Virtual)?;
+        names.retain(|n| virtual_names.contains(n));
+    }
     // Refuse a bad combination before spending minutes on the others.
     for name in &names {
         suite::scenario(name, &options)?;
+        if args.mode == ModeArg::Both {
+            suite::scenario(name, &virtual_twin(name, &options)?)?;
+        }
     }
     for name in names {
         let mut reports = Vec::new();
