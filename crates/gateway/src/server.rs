@@ -47,7 +47,11 @@ impl Workers {
     pub fn start(count: usize) -> anyhow::Result<Self> {
         let mut handles = Vec::with_capacity(count);
         let mut exit = Vec::with_capacity(count);
+        // Workers log to the subscriber in force where the gateway starts:
+        // the global one, or a thread's own (as in tests).
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
         for i in 0..count.max(1) {
+            let dispatch = dispatch.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -57,6 +61,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("infergate-worker-{i}"))
                 .spawn(move || {
+                    let _logging = tracing::dispatcher::set_default(&dispatch);
                     // Drives the connections spawned onto this runtime.
                     let _ = runtime.block_on(rx);
                 })?;
