@@ -63,7 +63,12 @@ impl Workers {
                 .spawn(move || {
                     let _logging = tracing::dispatcher::set_default(&dispatch);
                     // Drives the connections spawned onto this runtime.
-                    let _ = runtime.block_on(rx);
+                    runtime.block_on(async move {
+                        tokio::select! {
+                            _ = rx => {}
+                            () = tick_forever() => {}
+                        }
+                    });
                 })?;
         }
         Ok(Self {
@@ -84,6 +89,23 @@ impl Workers {
         (id, &self.handles[id])
     }
 }
+
+/// Tokio's timer wakes its own thread (an eventfd write and an extra
+/// epoll round) whenever a new deadline is earlier than every pending one,
+/// which for a lone request's first-byte timeout is every time. A timer
+/// that is always due within [`TICK`] keeps request timeouts from being the
+/// earliest, at the price of one wake-up per tick.
+async fn tick_forever() {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
+/// Shorter than any timeout a request arms in the common configuration
+/// (first byte, idle), long enough to cost nothing when idle.
+const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serve `handler` on `listener` until `stop` turns true, then stop
 /// accepting and let open connections finish through `graceful`. Accepting
