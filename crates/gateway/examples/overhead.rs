@@ -9,6 +9,11 @@
 //!   otherwise dominate) and includes any wait for a free connection, so a
 //!   stalled target is not hidden by sending later.
 //!
+//! - CPU per request: the proxy process's user+system CPU time over each
+//!   run divided by the requests it served. Unlike latency, it barely moves
+//!   when other work shares the cores, so it is the figure to compare
+//!   changes by.
+//!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
 //! on the PATH and a release build of `infergate`; `scripts/bench-overhead`
@@ -33,6 +38,8 @@ struct Args {
     rate: u32,
     seconds: u64,
     connections: usize,
+    /// Skip the wrk runs (latency and CPU at the fixed rate only).
+    skip_max: bool,
 }
 
 fn args() -> Args {
@@ -41,11 +48,16 @@ fn args() -> Args {
         rate: 1000,
         seconds: 10,
         connections: 32,
+        skip_max: false,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    for pair in argv.chunks(2) {
-        let value = pair.get(1).cloned().unwrap_or_default();
-        match pair[0].as_str() {
+    let mut argv = std::env::args().skip(1);
+    while let Some(flag) = argv.next() {
+        if flag == "--skip-max" {
+            a.skip_max = true;
+            continue;
+        }
+        let value = argv.next().unwrap_or_default();
+        match flag.as_str() {
             "--infergate" => a.infergate = value.into(),
             "--rate" => a.rate = value.parse().expect("--rate N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds N"),
@@ -67,6 +79,34 @@ fn free_port() -> u16 {
 /// A child process killed when dropped.
 struct Proc(Child);
 
+impl Proc {
+    /// User plus system CPU time the process has used so far, all threads.
+    fn cpu(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id()))
+            .expect("the process is running and /proc is mounted");
+        // Fields after the command name (which may hold spaces): utime and
+        // stime are the 12th and 13th, in clock ticks.
+        let after = &stat[stat.rfind(')').expect("stat has a command name") + 2..];
+        let ticks: u64 = after
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse::<u64>().expect("numeric tick counts"))
+            .sum();
+        Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second())
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -81,7 +121,7 @@ fn nginx(dir: &Path, name: &str, server_block: &str) -> Proc {
     std::fs::write(
         &conf,
         format!(
-            "daemon off;\nworker_processes 1;\npid {pid};\nerror_log {err} crit;\nevents {{ worker_connections 4096; }}\n\
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {pid};\nerror_log {err} crit;\nevents {{ worker_connections 4096; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {tmp};\n  proxy_temp_path {tmp};\n  {server_block}\n}}\n",
             pid = prefix.join("nginx.pid").display(),
             err = prefix.join("logs/error.log").display(),
@@ -109,8 +149,8 @@ fn wait_listening(addr: SocketAddr) {
     }
 }
 
-/// Requests per second at saturation, by wrk.
-fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> f64 {
+/// Requests per second at saturation and requests sent, by wrk.
+fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> (f64, u64) {
     let script = dir.join("post.lua");
     std::fs::write(
         &script,
@@ -138,13 +178,21 @@ fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> f64 {
     if text.contains("Non-2xx") {
         panic!("wrk saw errors against {url}:\n{text}");
     }
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    let rate = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let requests = text
+        .lines()
+        .find(|l| l.contains(" requests in "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected wrk output:\n{text}"));
+    (rate, requests)
 }
 
 struct Latency {
     p50: Duration,
     p99: Duration,
     errors: usize,
+    requests: usize,
 }
 
 /// Open-loop load at `rate` req/s over a few keep-alive connections.
@@ -211,6 +259,7 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> La
         p50: at(0.50),
         p99: at(0.99),
         errors,
+        requests: total as usize,
     }
 }
 
@@ -262,9 +311,9 @@ fn main() {
     }
 
     let targets = [
-        ("replica direct", replica),
-        ("infergate", via_infergate),
-        ("nginx proxy", via_nginx),
+        ("replica direct", replica, None),
+        ("infergate", via_infergate, Some(&_gateway)),
+        ("nginx proxy", via_nginx, Some(&_nginx_proxy)),
     ];
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -272,50 +321,91 @@ fn main() {
         .unwrap();
     let path = "/v1/chat/completions";
     eprintln!("warming up");
-    for (_, port) in targets {
+    for (_, port, _) in targets {
         runtime.block_on(fixed_rate(addr(port), path, args.rate, 1));
     }
+    let cpu_per_request = |proc: Option<&Proc>, before: Option<Duration>, requests: u64| {
+        proc.zip(before)
+            .map(|(p, before)| (p.cpu() - before) / requests.max(1) as u32)
+    };
     let mut rows = Vec::new();
-    for (name, port) in targets {
-        eprintln!("{name}: max rate ({} connections)", args.connections);
-        let max = wrk(
-            &format!("http://127.0.0.1:{port}{path}"),
-            args.connections,
-            args.seconds,
-            dir.path(),
-        );
+    for (name, port, proc) in targets {
+        let max = (!args.skip_max).then(|| {
+            eprintln!("{name}: max rate ({} connections)", args.connections);
+            let before = proc.map(Proc::cpu);
+            let (rate, requests) = wrk(
+                &format!("http://127.0.0.1:{port}{path}"),
+                args.connections,
+                args.seconds,
+                dir.path(),
+            );
+            (rate, cpu_per_request(proc, before, requests))
+        });
         eprintln!("{name}: latency at {} req/s", args.rate);
+        let before = proc.map(Proc::cpu);
         let lat = runtime.block_on(fixed_rate(addr(port), path, args.rate, args.seconds));
-        rows.push((name, max, lat));
+        let cpu = cpu_per_request(proc, before, lat.requests as u64);
+        rows.push(Row {
+            name,
+            max,
+            lat,
+            cpu,
+        });
     }
 
-    let (_, direct_max, direct) = &rows[0];
-    let (_, nginx_max, nginx_lat) = &rows[2];
+    let direct = &rows[0];
+    let nginx = &rows[2];
+    let rate = |r: &Row| r.max.map(|(rate, _)| rate);
+    let cpu = |c: Option<Duration>| c.map_or("—".to_owned(), |c| format!("{:.1} µs", us(c)));
     println!(
-        "| target | max req/s ({} conns) | vs nginx proxy | p50 at {} req/s | p99 | added p50 | added p99 | errors |",
-        args.connections, args.rate
+        "| target | max req/s ({} conns) | vs nginx proxy | CPU/req at max | p50 at {} req/s | p99 | added p50 | added p99 | CPU/req at {} req/s | errors |",
+        args.connections, args.rate, args.rate
     );
-    println!("|---|---|---|---|---|---|---|---|");
-    for (name, max, lat) in &rows {
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for row in &rows {
+        let lat = &row.lat;
         println!(
-            "| {name} | {max:.0} | {:.2}× | {:.0} µs | {:.0} µs | {:+.0} µs | {:+.0} µs | {} |",
-            max / nginx_max,
+            "| {} | {} | {} | {} | {:.0} µs | {:.0} µs | {:+.0} µs | {:+.0} µs | {} | {} |",
+            row.name,
+            rate(row).map_or("—".to_owned(), |r| format!("{r:.0}")),
+            rate(row)
+                .zip(rate(nginx))
+                .map_or("—".to_owned(), |(r, n)| format!("{:.2}×", r / n)),
+            cpu(row.max.and_then(|(_, c)| c)),
             us(lat.p50),
             us(lat.p99),
-            us(lat.p50) - us(direct.p50),
-            us(lat.p99) - us(direct.p99),
+            us(lat.p50) - us(direct.lat.p50),
+            us(lat.p99) - us(direct.lat.p99),
+            cpu(row.cpu),
             lat.errors,
         );
     }
-    let (_, gw_max, gw) = &rows[1];
+    let gw = &rows[1];
     println!();
+    if let (Some(g), Some(n), Some(d)) = (rate(gw), rate(nginx), rate(direct)) {
+        println!(
+            "infergate: {:.2}× nginx's proxied rate ({:.2}× the direct rate)",
+            g / n,
+            g / d
+        );
+    }
     println!(
-        "infergate: {:.2}× nginx's proxied rate ({:.2}× the direct rate); added latency p50 {:+.0} µs (nginx {:+.0} µs), p99 {:+.0} µs (nginx {:+.0} µs)",
-        gw_max / nginx_max,
-        gw_max / direct_max,
-        us(gw.p50) - us(direct.p50),
-        us(nginx_lat.p50) - us(direct.p50),
-        us(gw.p99) - us(direct.p99),
-        us(nginx_lat.p99) - us(direct.p99),
+        "infergate: added latency p50 {:+.0} µs (nginx {:+.0} µs), p99 {:+.0} µs (nginx {:+.0} µs); CPU per request at {} req/s {} (nginx {})",
+        us(gw.lat.p50) - us(direct.lat.p50),
+        us(nginx.lat.p50) - us(direct.lat.p50),
+        us(gw.lat.p99) - us(direct.lat.p99),
+        us(nginx.lat.p99) - us(direct.lat.p99),
+        args.rate,
+        cpu(gw.cpu),
+        cpu(nginx.cpu),
     );
+}
+
+struct Row {
+    name: &'static str,
+    /// Maximum rate and the proxy's CPU per request at it.
+    max: Option<(f64, Option<Duration>)>,
+    lat: Latency,
+    /// The proxy's CPU per request at the fixed rate.
+    cpu: Option<Duration>,
 }

@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::pool::PoolRuntime;
+use crate::server::Workers;
 use crate::state::State;
 
 pub use crate::pool::picker_config;
@@ -40,6 +41,8 @@ pub struct Gateway {
     graceful: Arc<GracefulShutdown>,
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
+    // After `state`, whose pools' upstream clients run on the workers.
+    _workers: Arc<Workers>,
     // Simulated replicas live as long as the gateway.
     _fleets: Vec<simulated::Fleet>,
 }
@@ -49,6 +52,7 @@ impl Gateway {
     /// already be validated.
     pub async fn start(config: &config::InferenceGatewayConfig) -> anyhow::Result<Self> {
         let spec = &config.spec;
+        let workers = Arc::new(Workers::start(Workers::default_count())?);
         let mut fleets = Vec::new();
         let mut pools = Vec::new();
         let metrics = telemetry::Metrics::new();
@@ -68,6 +72,7 @@ impl Gateway {
                 &spec.timeouts,
                 &spec.flow_control,
                 &metrics,
+                workers.len(),
             );
             pool.start(spec.timeouts.connect());
             pools.push(pool);
@@ -81,9 +86,10 @@ impl Gateway {
         for l in &spec.listeners {
             let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
-            let handler = move |req| pipeline::handle(Arc::clone(&st), req);
+            let handler = move |worker, req| pipeline::handle(Arc::clone(&st), worker, req);
             accept_loops.push(server::serve(
                 listener,
+                Arc::clone(&workers),
                 handler,
                 stop_rx.clone(),
                 Arc::clone(&graceful),
@@ -95,9 +101,10 @@ impl Gateway {
             Some(a) => {
                 let (listener, addr) = server::bind(&a.address).await?;
                 let st = Arc::clone(&state);
-                let handler = move |req| admin::handle(Arc::clone(&st), req);
+                let handler = move |_, req| admin::handle(Arc::clone(&st), req);
                 accept_loops.push(server::serve(
                     listener,
+                    Arc::clone(&workers),
                     handler,
                     stop_rx.clone(),
                     Arc::clone(&graceful),
@@ -115,6 +122,7 @@ impl Gateway {
             graceful,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
+            _workers: workers,
             _fleets: fleets,
         })
     }

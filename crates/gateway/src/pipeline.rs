@@ -31,6 +31,7 @@ use crate::error::ApiError;
 use crate::pool::PoolRuntime;
 use crate::record::Record;
 use crate::request::InferenceRequest;
+use crate::server::WorkerId;
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, REQUEST_ID};
@@ -48,7 +49,11 @@ const DECISION_TARGET: &str = "infergate::decision";
 const SCORES_HEADER_LIMIT: usize = 8;
 
 /// Entry point for every request on a public listener.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ResponseBody> {
+pub async fn handle(
+    state: Arc<State>,
+    worker: WorkerId,
+    req: Request<Incoming>,
+) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(&req);
     let mut response = match (req.method(), req.uri().path()) {
@@ -68,7 +73,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Respo
                 span.clone(),
             );
             record.trace_id = Some(trace.trace_id);
-            infer(&state, req, record, &request_id, &traceparent)
+            infer(&state, worker, req, record, &request_id, &traceparent)
                 .instrument(span)
                 .await
         }
@@ -87,6 +92,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Respo
 /// Stages 2–9 for one inference request.
 async fn infer(
     state: &State,
+    worker: WorkerId,
     req: Request<Incoming>,
     mut record: Record,
     request_id: &HeaderValue,
@@ -191,7 +197,7 @@ async fn infer(
         );
         let sent = tokio::time::timeout(
             state.timeouts.first_byte(),
-            pool.client.request(upstream_req),
+            pool.client(worker).request(upstream_req),
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;

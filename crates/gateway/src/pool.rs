@@ -8,6 +8,7 @@ use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use crate::admit::Admission;
+use crate::server::WorkerId;
 use crate::telemetry::{Metrics, PoolMetrics};
 use crate::upstream::{self, UpstreamClient};
 
@@ -17,7 +18,9 @@ pub struct PoolRuntime {
     pub picker: Arc<picker::Pool>,
     /// Flow control in front of the picker.
     pub admission: Arc<Admission>,
-    pub client: UpstreamClient,
+    /// One client, with its own connection pool, per worker thread: a
+    /// connection is only used by the thread that drives it.
+    clients: Vec<UpstreamClient>,
     /// Metric handles resolved for this pool, its models and replicas.
     pub metrics: PoolMetrics,
     /// One per replica; each stops its task when dropped.
@@ -34,6 +37,7 @@ impl PoolRuntime {
         timeouts: &config::Timeouts,
         flow_control: &config::FlowControl,
         metrics: &Metrics,
+        workers: usize,
     ) -> Self {
         let endpoints: Vec<Arc<Endpoint>> = addrs
             .iter()
@@ -47,11 +51,18 @@ impl PoolRuntime {
             metrics: metrics.pool(spec, &picker, &admission),
             admission,
             picker,
-            client: upstream::client(spec.protocol, timeouts.connect()),
+            clients: (0..workers.max(1))
+                .map(|_| upstream::client(spec.protocol, timeouts.connect()))
+                .collect(),
             scrapers: Vec::new(),
             dispatcher: None,
             spec: spec.clone(),
         }
+    }
+
+    /// The upstream client of the worker thread serving a request.
+    pub fn client(&self, worker: WorkerId) -> &UpstreamClient {
+        &self.clients[worker % self.clients.len()]
     }
 
     /// Start one scraper (or reachability probe) per replica and the flow

@@ -1,10 +1,17 @@
 //! Listeners: accept connections, serve HTTP/1.1 and h2c on them, and
 //! drain them on shutdown.
+//!
+//! Connections are served by [`Workers`]: one single-threaded runtime per
+//! core, each serving its connections from start to end, with its own
+//! upstream connection pools. A request, its upstream call and its response
+//! then stay on one thread: no work stealing, no wake-ups across threads,
+//! which at low load cost more than the proxying itself.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -12,21 +19,106 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::{oneshot, watch};
 
 use crate::body::ResponseBody;
 
+/// Index of the worker thread serving a request; selects its upstream
+/// clients.
+pub type WorkerId = usize;
+
+/// The data plane's threads. Dropping this ends them, closing any
+/// connection still open on them.
+pub struct Workers {
+    handles: Vec<Handle>,
+    next: AtomicUsize,
+    // Each thread runs until its sender is dropped.
+    _exit: Vec<oneshot::Sender<()>>,
+}
+
+impl Workers {
+    /// One worker per core the process may use.
+    pub fn default_count() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
+    pub fn start(count: usize) -> anyhow::Result<Self> {
+        let mut handles = Vec::with_capacity(count);
+        let mut exit = Vec::with_capacity(count);
+        // Workers log to the subscriber in force where the gateway starts:
+        // the global one, or a thread's own (as in tests).
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
+        for i in 0..count.max(1) {
+            let dispatch = dispatch.clone();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let (tx, rx) = oneshot::channel::<()>();
+            exit.push(tx);
+            std::thread::Builder::new()
+                .name(format!("infergate-worker-{i}"))
+                .spawn(move || {
+                    let _logging = tracing::dispatcher::set_default(&dispatch);
+                    // Drives the connections spawned onto this runtime.
+                    runtime.block_on(async move {
+                        tokio::select! {
+                            _ = rx => {}
+                            () = tick_forever() => {}
+                        }
+                    });
+                })?;
+        }
+        Ok(Self {
+            handles,
+            next: AtomicUsize::new(0),
+            _exit: exit,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    /// Workers take new connections in turn, which balances connections
+    /// exactly (a hash over `SO_REUSEPORT` listeners would not).
+    fn next(&self) -> (WorkerId, &Handle) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        (id, &self.handles[id])
+    }
+}
+
+/// Tokio's timer wakes its own thread (an eventfd write and an extra
+/// epoll round) whenever a new deadline is earlier than every pending one,
+/// which for a lone request's first-byte timeout is every time. A timer
+/// that is always due within [`TICK`] keeps request timeouts from being the
+/// earliest, at the price of one wake-up per tick.
+async fn tick_forever() {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
+/// Shorter than any timeout a request arms in the common configuration
+/// (first byte, idle), long enough to cost nothing when idle.
+const TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serve `handler` on `listener` until `stop` turns true, then stop
-/// accepting and let open connections finish through `graceful`.
+/// accepting and let open connections finish through `graceful`. Accepting
+/// runs on the caller's runtime; each connection is handed to a worker.
 pub fn serve<H, F>(
     listener: TcpListener,
+    workers: Arc<Workers>,
     handler: H,
     mut stop: watch::Receiver<bool>,
     graceful: Arc<GracefulShutdown>,
 ) -> tokio::task::JoinHandle<()>
 where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(WorkerId, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     tokio::spawn(async move {
@@ -44,22 +136,38 @@ where
                 _ = stop.wait_for(|s| *s) => break,
             };
             let _ = stream.set_nodelay(true);
+            let (worker, runtime) = workers.next();
+            let stream = match stream.into_std().and_then(|s| register(runtime, s)) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "cannot hand a connection to a worker");
+                    continue;
+                }
+            };
             let handler = handler.clone();
             let service = service_fn(move |req| {
-                let fut = handler(req);
+                let fut = handler(worker, req);
                 async move { Ok::<_, Infallible>(fut.await) }
             });
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
             let conn = graceful.watch(conn);
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
             });
         }
     })
+}
+
+/// Move a socket to `runtime`'s I/O driver, so that its readiness wakes
+/// that worker.
+fn register(runtime: &Handle, stream: std::net::TcpStream) -> std::io::Result<TcpStream> {
+    // `from_std` registers with the runtime entered on this thread.
+    let _entered = runtime.enter();
+    TcpStream::from_std(stream)
 }
 
 pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {

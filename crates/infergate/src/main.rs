@@ -6,6 +6,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+// The proxy path allocates and frees many small, short-lived buffers per
+// request (headers, body chunks, futures); mimalloc serves them in about
+// half the CPU of the system allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The demo fleet `serve` runs when no config is given.
 const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 
