@@ -25,6 +25,8 @@ const DEFAULT_FILTER: &str = "info";
 #[must_use = "dropping the guard stops trace export"]
 pub struct TelemetryGuard {
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+    /// Writes out the log lines still queued when dropped.
+    _log_writer: tracing_appender::non_blocking::WorkerGuard,
 }
 
 impl TelemetryGuard {
@@ -62,13 +64,16 @@ pub fn init(format: LogFormat, telemetry: &config::Telemetry) -> anyhow::Result<
     EnvFilter::try_new(&filter)
         .map_err(|e| anyhow::anyhow!("{LOG_FILTER_ENV}={filter:?} is not a valid filter: {e}"))?;
     let ansi = std::io::stderr().is_terminal();
-    let logs = log_layers(
-        format,
-        telemetry.access_log.format,
-        &filter,
-        ansi,
-        std::io::stderr,
-    );
+    // A line per request must not cost the data plane a write(2) each:
+    // lines go through a queue to a writer thread, which writes them in
+    // batches (a buffer flushed whenever the queue runs dry). Not lossy: a
+    // sink slower than the request rate for a whole queue (128k lines)
+    // slows requests down rather than losing access-log lines.
+    let (writer, log_writer) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("infergate-log")
+        .finish(std::io::BufWriter::new(std::io::stderr()));
+    let logs = log_layers(format, telemetry.access_log.format, &filter, ansi, writer);
     let (export, provider) = match &telemetry.otlp {
         Some(otlp) => {
             let (tracer, provider) = super::otlp::tracer(otlp)?;
@@ -85,7 +90,10 @@ pub fn init(format: LogFormat, telemetry: &config::Telemetry) -> anyhow::Result<
         tracing::info!(endpoint = %otlp.traces_url(), service = otlp.service_name(),
             sample_ratio = otlp.sample_ratio(), "exporting traces over OTLP/HTTP");
     }
-    Ok(TelemetryGuard { provider })
+    Ok(TelemetryGuard {
+        provider,
+        _log_writer: log_writer,
+    })
 }
 
 /// The log layers alone, writing to `writer`: everything but the access
