@@ -341,17 +341,6 @@ impl ScenarioReport {
     /// Flow control: TTFT p99 of completed requests per band, a bar for
     /// each run, with the share of the band that was refused.
     fn flow_svg(&self) -> String {
-        const WIDTH: f64 = 720.0;
-        const HEIGHT: f64 = 440.0;
-        const LEFT: f64 = 80.0;
-        const RIGHT: f64 = 150.0;
-        const TOP: f64 = 50.0;
-        const BOTTOM: f64 = 70.0;
-        const COLORS: [&str; 6] = [
-            "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
-        ];
-        let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = HEIGHT - TOP - BOTTOM;
         let mut bands: Vec<&str> = Vec::new();
         for b in self.results.iter().flat_map(|r| &r.bands) {
             if b.band != "all" && !bands.contains(&b.band.as_str()) {
@@ -365,29 +354,21 @@ impl ScenarioReport {
             .filter_map(|b| b.ttft_p99_ms)
             .fold(0.0f64, f64::max);
         let (top, step) = nice_axis(top);
-        let y = |ms: f64| TOP + plot_h * (1.0 - ms / top);
-        let group_w = plot_w / bands.len().max(1) as f64;
+        let y = |ms: f64| TOP + PLOT_H * (1.0 - ms / top);
+        let group_w = PLOT_W / bands.len().max(1) as f64;
         let bar_w = (group_w * 0.8 / runs.len().max(1) as f64).min(60.0);
 
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            svg,
-            r#"<text x="{LEFT}" y="24" font-size="15" font-weight="bold">{}: TTFT p99 per band, flow control on vs off ({} mode)</text>"#,
-            escape(&self.scenario),
-            escape(&self.mode)
-        );
+        let mut svg = chart_open(&format!(
+            "{}: TTFT p99 per band, flow control on vs off ({} mode)",
+            self.scenario, self.mode
+        ));
         let mut tick = 0.0;
         while tick <= top + step / 2.0 {
             let yy = y(tick);
             let _ = writeln!(
                 svg,
                 r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
-                LEFT + plot_w
+                LEFT + PLOT_W
             );
             let _ = writeln!(
                 svg,
@@ -414,7 +395,7 @@ impl ScenarioReport {
                         r#"<rect x="{:.1}" y="{yy:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
                         x + 2.0,
                         bar_w - 4.0,
-                        TOP + plot_h - yy
+                        TOP + PLOT_H - yy
                     );
                     let _ = writeln!(
                         svg,
@@ -428,36 +409,26 @@ impl ScenarioReport {
                     svg,
                     r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="10">{}</text>"#,
                     x + bar_w / 2.0,
-                    TOP + plot_h + 14.0,
+                    TOP + PLOT_H + 14.0,
                     refused_share(b)
                 );
             }
             let _ = writeln!(
                 svg,
                 r#"<text x="{center:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                TOP + plot_h + 32.0,
+                TOP + PLOT_H + 32.0,
                 escape(band)
             );
         }
-        let _ = writeln!(
-            svg,
-            r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">band (under each bar: share refused with 429)</text>"#,
-            LEFT + plot_w / 2.0,
-            HEIGHT - 14.0
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">TTFT p99 of completed requests</text>"#,
-            TOP + plot_h / 2.0
+        chart_frame(
+            &mut svg,
+            "band (under each bar: share refused with 429)",
+            "TTFT p99 of completed requests",
         );
         for (i, r) in runs.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
             let ly = TOP + 10.0 + 20.0 * i as f64;
-            let lx = LEFT + plot_w + 16.0;
+            let lx = LEFT + PLOT_W + 16.0;
             let _ = writeln!(
                 svg,
                 r#"<rect x="{lx:.1}" y="{:.1}" width="14" height="10" fill="{color}"/>"#,
@@ -482,17 +453,6 @@ impl ScenarioReport {
         if self.compares_flow_control() {
             return self.flow_svg();
         }
-        const WIDTH: f64 = 720.0;
-        const HEIGHT: f64 = 440.0;
-        const LEFT: f64 = 80.0;
-        const RIGHT: f64 = 190.0;
-        const TOP: f64 = 50.0;
-        const BOTTOM: f64 = 60.0;
-        const COLORS: [&str; 8] = [
-            "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-        ];
-        let plot_w = WIDTH - LEFT - RIGHT;
-        let plot_h = HEIGHT - TOP - BOTTOM;
         let loads = self.loads();
         let values: Vec<f64> = self
             .results
@@ -521,32 +481,23 @@ impl ScenarioReport {
         } else {
             1.0
         };
-        let x = |load: f64| LEFT + (load - load_lo) / load_span * plot_w;
+        let x = |load: f64| LEFT + (load - load_lo) / load_span * PLOT_W;
         let x = |load: f64| {
             if loads.len() > 1 {
                 x(load)
             } else {
-                LEFT + plot_w / 2.0
+                LEFT + PLOT_W / 2.0
             }
         };
         let y = |ms: f64| {
             let t = (ms.log10() - f64::from(decade_lo)) / f64::from(decade_hi - decade_lo);
-            TOP + plot_h * (1.0 - t)
+            TOP + PLOT_H * (1.0 - t)
         };
 
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            svg,
-            r#"<text x="{}" y="24" font-size="15" font-weight="bold">{}: TTFT p95 vs load ({} mode)</text>"#,
-            LEFT,
-            escape(&self.scenario),
-            escape(&self.mode)
-        );
+        let mut svg = chart_open(&format!(
+            "{}: TTFT p95 vs load ({} mode)",
+            self.scenario, self.mode
+        ));
         // Horizontal grid at every decade, labelled.
         for decade in decade_lo..=decade_hi {
             let ms = 10f64.powi(decade);
@@ -554,7 +505,7 @@ impl ScenarioReport {
             let _ = writeln!(
                 svg,
                 r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
-                LEFT + plot_w
+                LEFT + PLOT_W
             );
             let _ = writeln!(
                 svg,
@@ -569,29 +520,19 @@ impl ScenarioReport {
             let _ = writeln!(
                 svg,
                 r##"<line x1="{xx:.1}" y1="{TOP}" x2="{xx:.1}" y2="{:.1}" stroke="#eee"/>"##,
-                TOP + plot_h
+                TOP + PLOT_H
             );
             let _ = writeln!(
                 svg,
                 r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                TOP + plot_h + 18.0,
+                TOP + PLOT_H + 18.0,
                 percent(load)
             );
         }
-        let _ = writeln!(
-            svg,
-            r##"<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">offered load (fraction of estimated capacity)</text>"#,
-            LEFT + plot_w / 2.0,
-            HEIGHT - 16.0
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">TTFT p95 (log scale)</text>"#,
-            TOP + plot_h / 2.0
+        chart_frame(
+            &mut svg,
+            "offered load (fraction of estimated capacity)",
+            "TTFT p95 (log scale)",
         );
         for (i, policy) in self.policies().into_iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
@@ -623,7 +564,7 @@ impl ScenarioReport {
                 );
             }
             let ly = TOP + 10.0 + 20.0 * i as f64;
-            let lx = LEFT + plot_w + 16.0;
+            let lx = LEFT + PLOT_W + 16.0;
             let _ = writeln!(
                 svg,
                 r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2"/>"#,
@@ -640,6 +581,58 @@ impl ScenarioReport {
         svg.push_str("</svg>\n");
         svg
     }
+}
+
+/// Chart geometry shared by the SVG charts: canvas, margins (the legend
+/// goes in the right one), plot area.
+const WIDTH: f64 = 720.0;
+const HEIGHT: f64 = 440.0;
+const LEFT: f64 = 80.0;
+const RIGHT: f64 = 190.0;
+const TOP: f64 = 50.0;
+const BOTTOM: f64 = 70.0;
+const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
+const PLOT_H: f64 = HEIGHT - TOP - BOTTOM;
+/// Series colours, in order.
+const COLORS: [&str; 8] = [
+    "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// An SVG document on a white canvas with `title` above the plot.
+fn chart_open(title: &str) -> String {
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<text x="{LEFT}" y="24" font-size="15" font-weight="bold">{}</text>"#,
+        escape(title)
+    );
+    svg
+}
+
+/// The plot area's border and the two axis titles.
+fn chart_frame(svg: &mut String, x_title: &str, y_title: &str) {
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" fill="none" stroke="#333"/>"##
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        LEFT + PLOT_W / 2.0,
+        HEIGHT - 14.0,
+        escape(x_title)
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text transform="translate(18 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        TOP + PLOT_H / 2.0,
+        escape(y_title)
+    );
 }
 
 /// Run-to-run spread of one scenario over several seeds: per policy and
