@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::admit::{OwnedPick, Ticket};
+use crate::admit::{DropReason, OwnedPick, Ticket};
 use crate::body::{self, ProxiedBody, ResponseBody};
 use crate::error::ApiError;
 use crate::pool::PoolRuntime;
@@ -165,13 +165,18 @@ async fn infer(
         .await
     {
         Ok(a) => a,
-        Err(e) => return refuse(record, e),
+        Err(e) => {
+            if e.dropped_reason == Some(DropReason::WaitExpired.as_str()) {
+                record.waited(ticket.band, admit_started.elapsed());
+            }
+            return refuse(record, e);
+        }
     };
     if admitted.queue_wait.is_zero() {
         // Went straight through: the admit stage was just the pick.
         pool.metrics.observe_pick(admit_started.elapsed());
     }
-    record.admitted(ticket.band, admitted.queue_wait);
+    record.waited(ticket.band, admitted.queue_wait);
 
     // 8. forward, retrying other replicas before any byte.
     let mut tried: Vec<usize> = Vec::new();

@@ -94,8 +94,9 @@ impl Record {
         self.metrics = Some(metrics);
     }
 
-    /// Flow control let the request through after `waited`.
-    pub fn admitted(&mut self, band: Priority, waited: Duration) {
+    /// Flow control let the request through after `waited`, or refused it
+    /// when its wait expired (the longest waits belong in the histogram).
+    pub fn waited(&mut self, band: Priority, waited: Duration) {
         self.priority = Some(band);
         self.queue_wait = Some(waited);
         if let Some(m) = &self.metrics {
