@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use gateway::Gateway;
 use serde_json::{Value, json};
+use support::exposition::scrape;
 use support::{Behaviour, FakeReplica, client, config, idle_vllm_metrics, vllm_metrics};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -257,24 +258,8 @@ async fn wait_expires_with_429_and_queue_full_is_refused() {
 
     // The expired waits are in the queue-wait histogram, each at least
     // its bound; the refusal at once is not.
-    let admin = gw.admin_addr().unwrap();
-    let metrics = client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let value = |name: &str| -> f64 {
-        let prefix = format!("{name}{{pool=\"p\",priority=\"standard\"}} ");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&prefix))
-            .unwrap_or_else(|| panic!("no {prefix} in\n{metrics}"))
-            .parse()
-            .unwrap()
-    };
+    let m = scrape(&gw).await;
+    let value = |name: &str| m.value(name, &[("pool", "p"), ("priority", "standard")]);
     assert_eq!(value("infergate_queue_wait_seconds_count"), 2.0);
     assert!(value("infergate_queue_wait_seconds_sum") >= 0.6);
 }

@@ -18,6 +18,7 @@ use gateway::Gateway;
 use gateway::telemetry::{ACCESS_TARGET, LogFormat, log_layers};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use support::exposition::scrape;
 use support::{Behaviour, FakeReplica, MetricsFault, client, config, vllm_metrics};
 use tokio::sync::Notify;
 use tracing_subscriber::fmt::MakeWriter;
@@ -111,94 +112,6 @@ impl Logs {
         .await
         .unwrap_or_else(|_| panic!("expected {n} access-log lines, got {:?}", self.access()))
     }
-}
-
-// ---------------------------------------------------------------------
-// Metrics exposition
-
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-struct Exposition {
-    text: String,
-    samples: Vec<Sample>,
-}
-
-impl Exposition {
-    fn parse(text: String) -> Self {
-        let samples = text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-            .map(|line| {
-                let (series, value) = line.rsplit_once(' ').expect("a sample has a value");
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, rest)) => (name, rest.strip_suffix('}').unwrap()),
-                    None => (series, ""),
-                };
-                let labels = labels
-                    .split("\",")
-                    .filter(|pair| !pair.is_empty())
-                    .map(|pair| {
-                        let (k, v) = pair.split_once("=\"").unwrap();
-                        (k.to_owned(), v.trim_end_matches('"').to_owned())
-                    })
-                    .collect();
-                Sample {
-                    name: name.to_owned(),
-                    labels,
-                    value: value.parse().unwrap(),
-                }
-            })
-            .collect();
-        Self { text, samples }
-    }
-
-    /// The value of the series with exactly these labels.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let want: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        self.samples
-            .iter()
-            .find(|s| s.name == name && s.labels == want)
-            .map(|s| s.value)
-    }
-
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.get(name, labels)
-            .unwrap_or_else(|| panic!("no {name}{labels:?} in\n{}", self.text))
-    }
-
-    fn series(&self, name: &str) -> Vec<&Sample> {
-        self.samples.iter().filter(|s| s.name == name).collect()
-    }
-
-    fn names(&self) -> BTreeSet<&str> {
-        self.samples.iter().map(|s| s.name.as_str()).collect()
-    }
-}
-
-async fn scrape(gw: &Gateway) -> Exposition {
-    let resp = client()
-        .get(format!("http://{}/metrics", gw.admin_addr().unwrap()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text")
-    );
-    let text = resp.text().await.unwrap();
-    assert!(text.ends_with("# EOF\n"));
-    Exposition::parse(text)
 }
 
 // ---------------------------------------------------------------------

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod exposition;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
