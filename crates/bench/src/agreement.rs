@@ -168,49 +168,7 @@ pub fn markdown(live: &ScenarioReport, virtual_: &ScenarioReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{FleetReport, Setup};
-
-    fn summary(policy: &str, load: f64, p95: f64) -> Summary {
-        Summary {
-            policy: policy.to_owned(),
-            load,
-            ttft_p50_ms: Some(p95 / 2.0),
-            ttft_p95_ms: Some(p95),
-            ttft_p99_ms: Some(p95 * 2.0),
-            itl_p50_ms: None,
-            itl_p99_ms: None,
-            e2e_p50_ms: None,
-            e2e_p99_ms: None,
-            output_tokens_per_s: 100.0,
-            completed: 10,
-            errors: 0,
-            rejected_429: 0,
-            prefix_hit_rate: 0.0,
-            flow_control: None,
-            bands: vec![],
-        }
-    }
-
-    fn report(mode: &str, results: Vec<Summary>) -> ScenarioReport {
-        ScenarioReport {
-            scenario: "uniform".into(),
-            mode: mode.into(),
-            seed: 1,
-            fleet: FleetReport {
-                description: String::new(),
-                replicas: 1,
-                hardware: vec![],
-                model: String::new(),
-                tensor_parallel: 1,
-                adapters: 0,
-                max_loras: 0,
-                capacity_requests_per_s: 1.0,
-                replica_capacity: Default::default(),
-            },
-            results,
-            setup: Setup::default(),
-        }
-    }
+    use crate::report::tests::{report_with as report, summary};
 
     #[test]
     fn pairs_agree_tie_or_disagree() {

@@ -364,19 +364,7 @@ impl ScenarioReport {
         ));
         let mut tick = 0.0;
         while tick <= top + step / 2.0 {
-            let yy = y(tick);
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
-                LEFT + PLOT_W
-            );
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-                LEFT - 8.0,
-                yy + 4.0,
-                axis_ms(tick)
-            );
+            chart_gridline(&mut svg, y(tick), &axis_ms(tick));
             tick += step;
         }
         for (g, band) in bands.iter().enumerate() {
@@ -501,19 +489,7 @@ impl ScenarioReport {
         // Horizontal grid at every decade, labelled.
         for decade in decade_lo..=decade_hi {
             let ms = 10f64.powi(decade);
-            let yy = y(ms);
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{LEFT}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/>"##,
-                LEFT + PLOT_W
-            );
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
-                LEFT - 8.0,
-                yy + 4.0,
-                axis_ms(ms)
-            );
+            chart_gridline(&mut svg, y(ms), &axis_ms(ms));
         }
         for &load in &loads {
             let xx = x(load);
@@ -612,6 +588,21 @@ fn chart_open(title: &str) -> String {
         escape(title)
     );
     svg
+}
+
+/// A horizontal grid line across the plot at `y`, labelled on the left.
+fn chart_gridline(svg: &mut String, y: f64, label: &str) {
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/>"##,
+        LEFT + PLOT_W
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"#,
+        LEFT - 8.0,
+        y + 4.0
+    );
 }
 
 /// The plot area's border and the two axis titles.
@@ -768,10 +759,11 @@ fn signed_percent(value: Option<f64>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn summary(policy: &str, load: f64, p95: f64) -> Summary {
+    /// A result row whose TTFT percentiles derive from `p95`.
+    pub(crate) fn summary(policy: &str, load: f64, p95: f64) -> Summary {
         Summary {
             policy: policy.into(),
             load,
@@ -793,9 +785,22 @@ mod tests {
     }
 
     fn report() -> ScenarioReport {
+        report_with(
+            "virtual",
+            vec![
+                summary("round-robin", 0.5, 200.0),
+                summary("scored", 0.5, 100.0),
+                summary("round-robin", 1.0, 20_000.0),
+                summary("scored", 1.0, 500.0),
+            ],
+        )
+    }
+
+    /// A `uniform` report of `mode` with `results`.
+    pub(crate) fn report_with(mode: &str, results: Vec<Summary>) -> ScenarioReport {
         ScenarioReport {
             scenario: "uniform".into(),
-            mode: "virtual".into(),
+            mode: mode.into(),
             seed: 1,
             fleet: FleetReport {
                 description: "2 × h100, llama-3.1-8b".into(),
@@ -808,12 +813,7 @@ mod tests {
                 capacity_requests_per_s: 50.0,
                 replica_capacity: BTreeMap::new(),
             },
-            results: vec![
-                summary("round-robin", 0.5, 200.0),
-                summary("scored", 0.5, 100.0),
-                summary("round-robin", 1.0, 20_000.0),
-                summary("scored", 1.0, 500.0),
-            ],
+            results,
             setup: Setup::default(),
         }
     }

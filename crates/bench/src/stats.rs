@@ -20,6 +20,7 @@
 //! All times are simulated seconds.
 
 use config::Priority;
+use gateway::DropReason;
 use serde::Serialize;
 
 use crate::policy::FlowMode;
@@ -76,11 +77,11 @@ pub enum Refusal {
 
 impl Refusal {
     pub fn from_reason(reason: Option<&str>) -> Self {
-        match reason {
-            Some("saturated") => Refusal::Saturated,
-            Some("queue-full") => Refusal::QueueFull,
-            Some("wait-expired") => Refusal::WaitExpired,
-            _ => Refusal::Other,
+        match reason.and_then(DropReason::parse) {
+            Some(DropReason::Saturated) => Refusal::Saturated,
+            Some(DropReason::QueueFull) => Refusal::QueueFull,
+            Some(DropReason::WaitExpired) => Refusal::WaitExpired,
+            Some(DropReason::NoReplicas) | None => Refusal::Other,
         }
     }
 }

@@ -29,6 +29,7 @@ use crate::pool::PoolRuntime;
 use crate::server::Workers;
 use crate::state::State;
 
+pub use crate::admit::DropReason;
 pub use crate::pool::picker_config;
 
 /// A running gateway. Dropping it stops everything abruptly; call

@@ -40,6 +40,18 @@ pub enum DropReason {
 }
 
 impl DropReason {
+    pub const ALL: [DropReason; 4] = [
+        DropReason::QueueFull,
+        DropReason::WaitExpired,
+        DropReason::NoReplicas,
+        DropReason::Saturated,
+    ];
+
+    /// The reason a `x-infergate-dropped-reason` value names.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == value)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             DropReason::QueueFull => "queue-full",
