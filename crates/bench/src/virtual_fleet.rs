@@ -179,7 +179,7 @@ struct InFlight {
     first_token: Option<f64>,
     /// Released when the request ends, as the gateway releases it when the
     /// response body ends.
-    _load: LoadGuard,
+    load: LoadGuard,
 }
 
 struct Queued {
@@ -446,7 +446,7 @@ impl<'a> Simulation<'a> {
                 arrival: request.at,
                 replica,
                 first_token: None,
-                _load: load,
+                load,
             },
         );
         self.push(
@@ -522,6 +522,7 @@ impl<'a> Simulation<'a> {
             EngineEvent::FirstToken { id, at, .. } => {
                 if let Some(flight) = self.in_flight.get_mut(&id) {
                     flight.first_token = Some(at);
+                    flight.load.answered();
                 }
                 false
             }

@@ -92,6 +92,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
                 "waitingAdapters": s.map(|s| s.waiting_adapters.clone()).unwrap_or_default(),
                 "inflightRequests": e.load.requests(),
                 "inflightTokens": e.load.tokens(),
+                "inflightUnanswered": e.load.unanswered(),
                 // null: not a candidate for the typical request (unhealthy,
                 // stale, unreachable or saturated). Absent: the pool's
                 // policy does not score.

@@ -42,7 +42,7 @@ pub struct ProxiedBody {
     idle: Pin<Box<Sleep>>,
     last_frame: Instant,
     // Dropped with the body; see the module comment.
-    _load: Lease,
+    lease: Lease,
     record: Record,
 }
 
@@ -53,7 +53,7 @@ impl ProxiedBody {
             idle_timeout,
             idle: Box::pin(tokio::time::sleep(idle_timeout)),
             last_frame: Instant::now(),
-            _load: load,
+            lease: load,
             record,
         }
     }
@@ -98,6 +98,9 @@ impl ProxiedBody {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
+                    // For a stream, its first token: the request has left
+                    // the replica's queue and prefill.
+                    self.lease.answered();
                     self.record.on_data(data);
                 }
                 // A body of known length is not polled past its last byte.

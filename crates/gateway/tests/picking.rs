@@ -339,7 +339,7 @@ async fn traffic_avoids_a_replica_with_a_long_queue_and_full_kv() {
     assert!(b.count() > 0 && c.count() > 0, "{counts:?}");
 
     // Busier than its peers but under both saturation thresholds (queue 5,
-    // KV 0.8): still a candidate, and it loses on its score every time.
+    // KV 1.0): still a candidate, and it loses on its score every time.
     signal(&gw, a, 3, 0.7, &[]).await;
     for i in 0..20 {
         let answer = chat(&gw, "m", i).await;
@@ -351,6 +351,75 @@ async fn traffic_avoids_a_replica_with_a_long_queue_and_full_kv() {
         assert!(busy.total < scores[0].total, "{scores:?}");
     }
     assert_eq!(a.count(), 0);
+}
+
+/// A streamed request counts as unanswered on its replica until the first
+/// event reaches the client, and as in flight until the stream ends; the
+/// queue scorer ranks by it between scrapes.
+#[tokio::test]
+async fn a_request_is_unanswered_until_its_first_event() {
+    let fleet = [
+        FakeReplica::start("a", Behaviour::Stream).await,
+        FakeReplica::start("b", Behaviour::Stream).await,
+    ];
+    let gw = gateway(&fleet, "", "").await;
+    for r in &fleet {
+        idle(&gw, r).await;
+    }
+    let load = |unanswered: u64, inflight: u64| {
+        move |e: &Value| e["inflightUnanswered"] == unanswered && e["inflightRequests"] == inflight
+    };
+
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let name = resp.headers()["x-infergate-endpoint"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let (busy, other) = if name == fleet[0].addr.to_string() {
+        (&fleet[0], &fleet[1])
+    } else {
+        (&fleet[1], &fleet[0])
+    };
+    let events = busy.next_stream().await;
+    await_replica(&gw, busy, "one unanswered", load(1, 1)).await;
+    // Scraped queues are both 0: only the unanswered request tells them apart.
+    let pools = debug_pools(&gw).await;
+    let queue = |r| {
+        entry(&pools, r)["scores"]["parts"]["queue"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_close(queue(busy), 0.8);
+    assert_close(queue(other), 1.0);
+
+    use futures_util::StreamExt;
+    let mut stream = resp.bytes_stream();
+    events
+        .send(bytes::Bytes::from_static(b"data: {}\n\n"))
+        .await
+        .unwrap();
+    within("the first event", stream.next())
+        .await
+        .unwrap()
+        .unwrap();
+    await_replica(&gw, busy, "answered, still streaming", load(0, 1)).await;
+
+    drop(events);
+    assert!(
+        within("the end of the stream", stream.next())
+            .await
+            .is_none()
+    );
+    await_replica(&gw, busy, "released", load(0, 0)).await;
 }
 
 // ---------------------------------------------------------------------------
@@ -604,7 +673,7 @@ async fn saturated_pool_answers_429_with_retry_after_until_it_drains() {
     // Saturated by its queue, by its KV cache, and exactly at the queue
     // threshold.
     signal(&gw, a, 20, 0.1, &[]).await;
-    signal(&gw, b, 0, 0.9, &[]).await;
+    signal(&gw, b, 0, 1.0, &[]).await;
     signal(&gw, c, 5, 0.1, &[]).await;
 
     for i in 0..3 {

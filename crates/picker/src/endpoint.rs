@@ -49,6 +49,9 @@ pub struct Observation {
 pub struct Load {
     requests: AtomicU64,
     tokens: AtomicU64,
+    /// Of `requests`, those the replica has not answered yet (no response
+    /// byte): waiting in its queue or being prefilled.
+    unanswered: AtomicU64,
     completed: AtomicU64,
 }
 
@@ -58,6 +61,12 @@ impl Load {
     }
     pub fn tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
+    }
+    /// Requests in flight that have not had a response byte yet. Unlike the
+    /// engine's scraped queue this is current at every pick: it is the
+    /// replica's queue and prefill work as far as this gateway caused it.
+    pub fn unanswered(&self) -> u64 {
+        self.unanswered.load(Ordering::Relaxed)
     }
     /// Requests released since start; the gateway derives drain rates from it.
     pub fn completed(&self) -> u64 {
@@ -70,16 +79,30 @@ impl Load {
 pub struct LoadGuard {
     endpoint: Arc<Endpoint>,
     tokens: u64,
+    answered: bool,
 }
 
 impl LoadGuard {
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint
     }
+
+    /// The replica sent the response's first byte (for a stream, its first
+    /// token). Only the first call counts.
+    pub fn answered(&mut self) {
+        if !self.answered {
+            self.answered = true;
+            self.endpoint
+                .load
+                .unanswered
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
+        self.answered();
         let load = &self.endpoint.load;
         load.requests.fetch_sub(1, Ordering::Relaxed);
         load.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
@@ -127,7 +150,11 @@ impl Endpoint {
     pub fn inflight_since_observation(&self, observation: &Arc<Observation>) -> u64 {
         let now = self.load.requests();
         let id = Arc::as_ptr(observation) as usize;
-        if self.seen_observation.swap(id, Ordering::Relaxed) != id {
+        // Read before writing: most picks see a scrape already seen, and a
+        // store on every pick would bounce the cache line between cores.
+        if self.seen_observation.load(Ordering::Relaxed) != id
+            && self.seen_observation.swap(id, Ordering::Relaxed) != id
+        {
             self.inflight_at_seen.store(now, Ordering::Relaxed);
             return 0;
         }
@@ -138,9 +165,11 @@ impl Endpoint {
     pub fn acquire(self: &Arc<Self>, tokens: u64) -> LoadGuard {
         self.load.requests.fetch_add(1, Ordering::Relaxed);
         self.load.tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.load.unanswered.fetch_add(1, Ordering::Relaxed);
         LoadGuard {
             endpoint: Arc::clone(self),
             tokens,
+            answered: false,
         }
     }
 
@@ -150,5 +179,35 @@ impl Endpoint {
 
     pub fn set_reachable(&self, reachable: bool) {
         self.unreachable.store(!reachable, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_unanswered_until_answered_or_released() {
+        let endpoint = Endpoint::new(0, "10.0.0.1:8000");
+        let load = &endpoint.load;
+        let mut first = endpoint.acquire(100);
+        let second = endpoint.acquire(50);
+        assert_eq!(
+            (load.requests(), load.unanswered(), load.tokens()),
+            (2, 2, 150)
+        );
+
+        first.answered();
+        first.answered();
+        assert_eq!((load.requests(), load.unanswered()), (2, 1), "counted once");
+        drop(first);
+        assert_eq!((load.requests(), load.unanswered()), (1, 1));
+        // Released without an answer (an error, or the client left).
+        drop(second);
+        assert_eq!(
+            (load.requests(), load.unanswered(), load.tokens()),
+            (0, 0, 0)
+        );
+        assert_eq!(load.completed(), 2);
     }
 }

@@ -17,6 +17,10 @@ use crate::policy::{InflightTolerance, Weights};
 pub struct Signals {
     /// Requests waiting in the engine (scraped).
     pub waiting: Option<u64>,
+    /// Requests this gateway sent that the replica has not answered yet (no
+    /// response byte): in its queue or being prefilled. Current at every
+    /// pick, where `waiting` is as old as the last scrape.
+    pub unanswered: u64,
     /// KV cache fraction in use (scraped).
     pub kv_usage: Option<f64>,
     /// Requests this gateway has in flight to the replica.
@@ -145,17 +149,31 @@ impl Scorer {
     }
 }
 
-/// Fewer waiting requests is better: `1 - (w - min) / max(max - min,
-/// queue_depth)` over the candidates. Measured against the saturation
-/// depth rather than the observed spread alone, so one stray waiting
-/// request (a request sampled between engine steps) costs `1/queue_depth`,
-/// not the whole score; all equal → 1.
+/// A shorter queue is better: `1 - (q - min) / max(max - min,
+/// queue_depth)` over the candidates, where `q` is the larger of the
+/// scraped queue and this gateway's unanswered requests. Measured against
+/// the saturation depth rather than the observed spread alone, so one stray
+/// waiting request (a request sampled between engine steps) costs
+/// `1/queue_depth`, not the whole score; all equal → 1.
+///
+/// The scraped queue is up to a scrape interval old but counts every
+/// client's requests; the unanswered count is this gateway's alone but
+/// current. Each is a lower bound of the replica's backlog, so the larger
+/// one is used. Between scrapes the unanswered count is what keeps two
+/// requests from landing in the same engine step on a replica that has
+/// just taken one, and it gives engines that do not report a queue a queue
+/// signal.
 pub fn queue(signals: &[Signals], queue_depth: u64, out: &mut [f64]) {
     lower_is_better(
         out,
-        |i| signals[i].waiting.map(|w| w as f64),
+        |i| Some(queue_of(&signals[i]) as f64),
         queue_depth.max(1) as f64,
     );
+}
+
+/// The backlog the queue scorer ranks by.
+pub fn queue_of(signals: &Signals) -> u64 {
+    signals.waiting.unwrap_or(0).max(signals.unanswered)
 }
 
 /// More free KV cache is better: `1 - kv_usage`. Absolute, not relative:
@@ -301,13 +319,19 @@ mod tests {
     }
 
     #[test]
-    fn unknown_queue_is_neither_idle_nor_full() {
-        let s = [waiting(Some(0)), waiting(None), waiting(Some(4))];
-        let scores = run(Scorer::Queue, &s, 0);
-        approx(&scores, &[1.0, 0.6, 0.2]);
-        assert!(scores[1] < scores[0] && scores[1] > scores[2]);
-        let s = [waiting(None), waiting(None)];
-        approx(&run(Scorer::Queue, &s, 0), &[1.0, 1.0]);
+    fn queue_is_the_larger_of_scraped_and_unanswered() {
+        let queue = |waiting: Option<u64>, unanswered| Signals {
+            waiting,
+            unanswered,
+            ..Signals::default()
+        };
+        // Two sent since the scrape said 0; a scraped 3 that includes
+        // other clients' requests outweighs this gateway's 1.
+        let s = [queue(Some(0), 0), queue(Some(0), 2), queue(Some(3), 1)];
+        approx(&run(Scorer::Queue, &s, 0), &[1.0, 0.6, 0.4]);
+        // An engine that reports no queue is ranked by what it owes us.
+        let s = [queue(None, 0), queue(None, 1)];
+        approx(&run(Scorer::Queue, &s, 0), &[1.0, 0.8]);
     }
 
     #[test]

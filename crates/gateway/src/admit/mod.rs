@@ -147,6 +147,16 @@ pub struct Lease {
     admission: Arc<Admission>,
 }
 
+impl Lease {
+    /// The replica sent the first byte of its response; see
+    /// [`LoadGuard::answered`].
+    pub fn answered(&mut self) {
+        if let Some(load) = &mut self.load {
+            load.answered();
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         drop(self.load.take());

@@ -53,6 +53,7 @@ struct Row {
     pool: Name,
     endpoint: String,
     inflight: u64,
+    unanswered: u64,
     waiting: Option<u64>,
     running: Option<u64>,
     kv_usage: Option<f64>,
@@ -90,6 +91,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                 pool: pool.name.clone(),
                 endpoint: e.addr.clone(),
                 inflight: e.load.requests(),
+                unanswered: e.load.unanswered(),
                 waiting: s.and_then(|s| s.waiting),
                 running: s.and_then(|s| s.running),
                 kv_usage: s.and_then(|s| s.kv_usage),
@@ -188,6 +190,14 @@ impl Collector for LiveGauges {
             &rows,
             endpoint_labels,
             |r| Some(r.inflight as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_endpoint_unanswered",
+            "Of the requests in flight to the replica, those it has not sent a first byte for (queued or in prefill)",
+            &rows,
+            endpoint_labels,
+            |r| Some(r.unanswered as i64),
         )?;
         gauge(
             e,

@@ -120,6 +120,7 @@ fn pick_with<R: Rng + ?Sized>(
             kv_usage,
             inflight_requests: endpoint.load.requests(),
             inflight_tokens: endpoint.load.tokens(),
+            unanswered: endpoint.load.unanswered(),
             prefix_blocks: 0,
             lora: LoraFit::classify(req.adapter, state),
         });

@@ -194,7 +194,7 @@ fn saturated_pool_answers_saturated_with_retry_after() {
     let now = Instant::now();
     let pool = fleet(
         scored(),
-        vec![busy(7, 0.5), busy(0, 0.95), busy(5, 0.2)],
+        vec![busy(7, 0.5), busy(0, 1.0), busy(5, 0.2)],
         now,
     );
     match pool.pick(&PickRequest::default(), now, &[], &mut rng()) {
@@ -209,7 +209,7 @@ fn saturated_pool_answers_saturated_with_retry_after() {
         other => panic!("expected Saturated, got {other:?}"),
     }
     // One replica below both thresholds takes the traffic.
-    observe(&pool.endpoints()[1], busy(4, 0.79), now);
+    observe(&pool.endpoints()[1], busy(4, 0.99), now);
     assert_eq!(pick_index(&pool, &PickRequest::default(), now, &[]), 1);
 }
 
