@@ -393,9 +393,7 @@ impl<'a> Simulation<'a> {
             last_good: Some(self.clock(at)),
             last_error: None,
         };
-        self.endpoints[replica]
-            .observation
-            .store(Arc::new(observation));
+        self.endpoints[replica].observe(observation);
     }
 
     fn arrive(&mut self, request: Prepared) {

@@ -67,7 +67,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
         .endpoints()
         .iter()
         .map(|e| {
-            let obs = e.observation.load();
+            let obs = e.observation();
             let s = obs.state.as_deref();
             let health = picker::health(&obs, now, cfg.stale_after);
             let scores = typical.scores.as_ref().map(|scores| {

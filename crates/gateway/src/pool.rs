@@ -115,7 +115,7 @@ impl PoolRuntime {
         self.picker.endpoints().iter().any(|e| {
             e.is_reachable()
                 && (!needs_metrics
-                    || picker::health(&e.observation.load(), now, config.stale_after)
+                    || picker::health(&e.observation(), now, config.stale_after)
                         == picker::Health::Healthy)
         })
     }

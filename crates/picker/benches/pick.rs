@@ -58,7 +58,7 @@ fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Pool {
     let endpoints: Vec<Arc<Endpoint>> = (0..replicas)
         .map(|i| {
             let endpoint = Endpoint::new(i, format!("10.0.{}.{}:8000", i / 250, i % 250));
-            endpoint.observation.store(Arc::new(Observation {
+            endpoint.observe(Observation {
                 state: Some(Arc::new(EngineState {
                     waiting: Some((i % 4) as u64),
                     running: Some(8 + (i % 16) as u64),
@@ -69,7 +69,7 @@ fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Pool {
                 })),
                 last_good: Some(now),
                 last_error: None,
-            }));
+            });
             endpoint
         })
         .collect();

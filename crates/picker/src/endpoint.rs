@@ -1,11 +1,13 @@
 //! A replica as the picker sees it: its address, the load this gateway has
 //! put on it, and the latest observation of its engine.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, Guard};
+
+use crate::glance::{Glance, GlanceCell};
 
 /// What a replica's engine reported in its last good `/metrics` scrape.
 /// A field is `None` when the engine's dialect does not expose it: unknown
@@ -119,14 +121,20 @@ pub struct Endpoint {
     pub index: usize,
     pub load: Load,
     /// Written by the scraper, read by the picker; never blocks either.
-    pub observation: ArcSwap<Observation>,
+    observation: ArcSwap<Observation>,
+    /// The figures of `observation` every scored pick reads, in plain
+    /// atomics (see [`crate::glance`]).
+    glance: GlanceCell,
+    /// Serialises [`Endpoint::observe`] calls (one scraper per endpoint, so
+    /// never contended).
+    observing: Mutex<()>,
     /// Set when a connection attempt failed; cleared when the replica
     /// answers again (a scrape or a probe succeeds).
     unreachable: AtomicBool,
-    /// The observation the picker last saw (its address) and this
-    /// gateway's in-flight requests at that moment; see
+    /// The observation generation the picker last saw and this gateway's
+    /// in-flight requests at that moment; see
     /// [`Endpoint::inflight_since_observation`].
-    seen_observation: AtomicUsize,
+    seen_generation: AtomicU64,
     inflight_at_seen: AtomicU64,
 }
 
@@ -137,23 +145,44 @@ impl Endpoint {
             index,
             load: Load::default(),
             observation: ArcSwap::from_pointee(Observation::default()),
+            glance: GlanceCell::default(),
+            observing: Mutex::new(()),
             unreachable: AtomicBool::new(false),
-            seen_observation: AtomicUsize::new(0),
+            seen_generation: AtomicU64::new(0),
             inflight_at_seen: AtomicU64::new(0),
         })
     }
 
-    /// Requests this gateway has added to the replica since `observation`
-    /// was first seen: work the replica's own figures cannot show yet.
-    /// Counted from the first pick that sees a new scrape, so a burst
-    /// between two scrapes is visible to the saturation check.
-    pub fn inflight_since_observation(&self, observation: &Arc<Observation>) -> u64 {
+    /// The latest observation of the replica's engine.
+    pub fn observation(&self) -> Guard<Arc<Observation>> {
+        self.observation.load()
+    }
+
+    /// Replace the observation (after a scrape).
+    pub fn observe(&self, observation: Observation) {
+        let _one_writer = self.observing.lock().unwrap_or_else(|e| e.into_inner());
+        self.glance.write(&observation);
+        self.observation.store(Arc::new(observation));
+    }
+
+    /// What a scored pick needs of the latest observation, without loading
+    /// it.
+    pub fn glance(&self) -> Glance {
+        self.glance
+            .read()
+            .unwrap_or_else(|| Glance::of(&self.observation()))
+    }
+
+    /// Requests this gateway has added to the replica since the observation
+    /// of `generation` was first seen: work the replica's own figures cannot
+    /// show yet. Counted from the first pick that sees a new scrape, so a
+    /// burst between two scrapes is visible to the saturation check.
+    pub fn inflight_since_observation(&self, generation: u64) -> u64 {
         let now = self.load.requests();
-        let id = Arc::as_ptr(observation) as usize;
         // Read before writing: most picks see a scrape already seen, and a
         // store on every pick would bounce the cache line between cores.
-        if self.seen_observation.load(Ordering::Relaxed) != id
-            && self.seen_observation.swap(id, Ordering::Relaxed) != id
+        if self.seen_generation.load(Ordering::Relaxed) != generation
+            && self.seen_generation.swap(generation, Ordering::Relaxed) != generation
         {
             self.inflight_at_seen.store(now, Ordering::Relaxed);
             return 0;

@@ -35,10 +35,21 @@ impl Health {
 /// otherwise Healthy. A `last_good` later than `now` (clocks handed in by
 /// different callers) counts as fresh.
 pub fn health(obs: &Observation, now: Instant, stale_after: Duration) -> Health {
-    if obs.last_error.is_some() {
+    health_of(obs.last_error.is_some(), obs.last_good, now, stale_after)
+}
+
+/// [`health`] from its two inputs: whether the last scrape failed, and when
+/// the last good one completed.
+pub fn health_of(
+    failed: bool,
+    last_good: Option<Instant>,
+    now: Instant,
+    stale_after: Duration,
+) -> Health {
+    if failed {
         return Health::Unhealthy;
     }
-    match obs.last_good {
+    match last_good {
         Some(at) if now.saturating_duration_since(at) <= stale_after => Health::Healthy,
         _ => Health::Stale,
     }

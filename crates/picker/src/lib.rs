@@ -6,6 +6,7 @@
 //!
 //! - [`policy`]: configuration and every default, with reasons.
 //! - [`health`](mod@health): when a replica's metrics can be trusted.
+//! - [`glance`]: the figures of an observation every pick reads, cheaply.
 //! - [`prefix`]: prompt hashing and the prefix-cache affinity index.
 //! - [`scorers`]: one score in `[0, 1]` per candidate and signal.
 //! - [`drain`]: the `Retry-After` estimate for a saturated pool.
@@ -15,6 +16,7 @@
 pub mod drain;
 pub mod endpoint;
 pub mod explain;
+pub mod glance;
 pub mod health;
 pub mod policy;
 pub mod pool;

@@ -124,7 +124,7 @@ fn measure(options: &Options) {
                 let endpoint = Endpoint::new(index, format!("127.0.0.1:{port}"));
                 let (good, failed) = (Arc::clone(&good), Arc::clone(&failed));
                 spawn_scraper(endpoint, cfg, client.clone(), move |endpoint| {
-                    let counter = if endpoint.observation.load().last_error.is_none() {
+                    let counter = if endpoint.observation().last_error.is_none() {
                         &good
                     } else {
                         &failed

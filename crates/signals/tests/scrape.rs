@@ -175,7 +175,7 @@ impl Watched {
         let (tx, updates) = mpsc::unbounded_channel();
         let on_update = move |endpoint: &Endpoint| {
             let _ = tx.send(Update {
-                observation: Observation::clone(&endpoint.observation.load()),
+                observation: Observation::clone(&endpoint.observation()),
                 reachable: endpoint.is_reachable(),
             });
         };
@@ -321,11 +321,11 @@ async fn a_hanging_replica_goes_stale_and_recovers() {
     // The scraper is now blocked in that request: nothing will update the
     // observation until the replica answers, so the time passing is the
     // thing under test.
-    let held = watched.endpoint.observation.load_full();
+    let held = watched.endpoint.observation().clone();
     let last_good = held.last_good.expect("a good scrape came first");
     assert_eq!(held.last_error, None);
     tokio::time::sleep_until((last_good + STALE_AFTER + Duration::from_millis(1)).into()).await;
-    let now_held = watched.endpoint.observation.load_full();
+    let now_held = watched.endpoint.observation().clone();
     assert_eq!(
         now_held.last_good,
         Some(last_good),

@@ -84,7 +84,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
         let stale_after = pool.picker.config().stale_after;
         let first = rows.len();
         for e in pool.picker.endpoints().iter() {
-            let obs = e.observation.load();
+            let obs = e.observation();
             let healthy = picker::health(&obs, now, stale_after) == Health::Healthy;
             let s = obs.state.as_deref();
             rows.push(Row {

@@ -235,7 +235,7 @@ impl Pool {
         let capacity = self
             .endpoint_by_index(endpoint)
             .and_then(|ep| {
-                let observation = ep.observation.load();
+                let observation = ep.observation();
                 let state = observation.state.as_deref()?;
                 Some(
                     config

@@ -11,7 +11,7 @@ use super::simple::{self, is_candidate};
 use super::{Decision, PickError, PickRequest, Pool};
 use crate::endpoint::Endpoint;
 use crate::explain::{CandidateScore, TopScores};
-use crate::health::{Health, health};
+use crate::health::Health;
 use crate::policy::{Fallback, PickerConfig, Policy};
 use crate::prefix::MatchScratch;
 use crate::scorers::{LoraFit, ScoreContext, Scorer, Signals};
@@ -93,21 +93,19 @@ fn pick_with<R: Rng + ?Sized>(
             continue;
         }
         reachable += 1;
-        let observation = endpoint.observation.load();
-        if health(&observation, now, config.stale_after) != Health::Healthy {
+        let glance = endpoint.glance();
+        if glance.health(now, config.stale_after) != Health::Healthy {
             continue;
         }
-        let state = observation.state.as_deref();
-        let waiting = state.and_then(|s| s.waiting);
-        let kv_usage = state.and_then(|s| s.kv_usage).filter(|kv| kv.is_finite());
+        let waiting = glance.waiting;
+        let kv_usage = glance.kv_usage.filter(|kv| kv.is_finite());
         // Requests sent since the scrape count as waiting, so a burst
         // between scrapes cannot overfill a replica that looked idle. A
         // queue of requests waiting for a LoRA slot says nothing about
         // capacity, so it does not saturate (KV usage still does).
-        let adapter_bound = state.is_some_and(|s| !s.waiting_adapters.is_empty());
         let projected_waiting = waiting
-            .filter(|_| !adapter_bound)
-            .map(|w| w + endpoint.inflight_since_observation(&observation));
+            .filter(|_| !glance.adapter_bound)
+            .map(|w| w + endpoint.inflight_since_observation(glance.generation));
         if config.saturation.is_saturated(projected_waiting, kv_usage) {
             saturated += 1;
             saturated_waiting += waiting.unwrap_or(0);
@@ -122,7 +120,11 @@ fn pick_with<R: Rng + ?Sized>(
             inflight_tokens: endpoint.load.tokens(),
             unanswered: endpoint.load.unanswered(),
             prefix_blocks: 0,
-            lora: LoraFit::classify(req.adapter, state),
+            // Only an adapter request needs the adapter lists.
+            lora: match req.adapter {
+                None => LoraFit::NotRequested,
+                adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
+            },
         });
     }
 

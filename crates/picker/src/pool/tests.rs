@@ -28,19 +28,19 @@ fn busy(waiting: u64, kv_usage: f64) -> EngineState {
 }
 
 fn observe(endpoint: &Endpoint, state: EngineState, at: Instant) {
-    endpoint.observation.store(Arc::new(Observation {
+    endpoint.observe(Observation {
         state: Some(Arc::new(state)),
         last_good: Some(at),
         last_error: None,
-    }));
+    });
 }
 
 fn fail_scrape(endpoint: &Endpoint, at: Instant) {
-    endpoint.observation.store(Arc::new(Observation {
+    endpoint.observe(Observation {
         state: Some(Arc::new(idle())),
         last_good: Some(at),
         last_error: Some("connection refused".into()),
-    }));
+    });
 }
 
 /// A pool of `states.len()` replicas, all scraped at `now`.

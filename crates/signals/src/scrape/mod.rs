@@ -56,7 +56,7 @@ impl Drop for Scraper {
 }
 
 /// Start watching `endpoint`; the first scrape starts at once. The scraper
-/// must be the only writer of `endpoint.observation`. `on_update` runs on
+/// must be the only writer of the endpoint's observation. `on_update` runs on
 /// the scrape task after every stored observation, so it must be quick.
 ///
 /// # Panics
@@ -170,7 +170,7 @@ async fn scrape(
 /// Store the outcome of one scrape. A failure keeps the last good state
 /// and its time, so the picker can still tell how old it is.
 fn record(endpoint: &Endpoint, outcome: Result<EngineState, ScrapeError>, now: Instant) {
-    let previous = endpoint.observation.load();
+    let previous = endpoint.observation();
     let next = match outcome {
         Ok(state) => {
             endpoint.set_reachable(true);
@@ -199,7 +199,7 @@ fn record(endpoint: &Endpoint, outcome: Result<EngineState, ScrapeError>, now: I
             }
         }
     };
-    endpoint.observation.store(Arc::new(next));
+    endpoint.observe(next);
 }
 
 /// Log when a replica starts or stops failing, not on every tick: 100
@@ -240,7 +240,7 @@ mod tests {
         endpoint.set_reachable(false);
         let now = Instant::now();
         record(&endpoint, Ok(state(3)), now);
-        let obs = endpoint.observation.load();
+        let obs = endpoint.observation();
         assert_eq!(obs.state.as_deref(), Some(&state(3)));
         assert_eq!(obs.last_good, Some(now));
         assert_eq!(obs.last_error, None);
@@ -251,12 +251,12 @@ mod tests {
     fn unchanged_state_is_shared() {
         let endpoint = Endpoint::new(0, "127.0.0.1:1");
         record(&endpoint, Ok(state(3)), Instant::now());
-        let first = endpoint.observation.load().state.clone().unwrap();
+        let first = endpoint.observation().state.clone().unwrap();
         record(&endpoint, Ok(state(3)), Instant::now());
-        let second = endpoint.observation.load().state.clone().unwrap();
+        let second = endpoint.observation().state.clone().unwrap();
         assert!(Arc::ptr_eq(&first, &second));
         record(&endpoint, Ok(state(4)), Instant::now());
-        let third = endpoint.observation.load().state.clone().unwrap();
+        let third = endpoint.observation().state.clone().unwrap();
         assert!(!Arc::ptr_eq(&first, &third));
     }
 
@@ -275,7 +275,7 @@ mod tests {
             Err(ScrapeError::Invalid(invalid)),
             good + Duration::from_secs(1),
         );
-        let obs = endpoint.observation.load();
+        let obs = endpoint.observation();
         assert_eq!(obs.state.as_deref(), Some(&state(3)));
         assert_eq!(obs.last_good, Some(good));
         assert!(

@@ -1,0 +1,231 @@
+//! The figures of a replica's latest observation that every scored pick
+//! reads, kept in plain atomics beside the observation itself.
+//!
+//! Loading an observation through its `ArcSwap` costs two atomic
+//! read-modify-writes (take a debt slot, pay it back); over a thousand
+//! candidates that was half of every pick. A [`GlanceCell`] is written once
+//! per scrape and read with plain loads, as a sequence lock: the writer
+//! makes the generation odd, writes, and makes it even again; a reader that
+//! saw the same even generation before and after its reads has a
+//! consistent copy. A reader that races a write falls back to the
+//! observation.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::time::{Duration, Instant};
+
+use crate::endpoint::Observation;
+use crate::health::{Health, health_of};
+
+/// What the scored pick needs of one observation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Glance {
+    /// Changes with every stored observation; 0 before the first.
+    pub generation: u64,
+    pub waiting: Option<u64>,
+    pub kv_usage: Option<f64>,
+    /// Requests wait for LoRA adapter slots (`waiting_adapters` non-empty).
+    pub adapter_bound: bool,
+    pub last_good: Option<Instant>,
+    /// The most recent scrape failed.
+    pub failed: bool,
+}
+
+impl Glance {
+    /// Read straight from an observation (the slow path).
+    pub fn of(observation: &Observation) -> Glance {
+        let state = observation.state.as_deref();
+        Glance {
+            generation: 0,
+            waiting: state.and_then(|s| s.waiting),
+            kv_usage: state.and_then(|s| s.kv_usage),
+            adapter_bound: state.is_some_and(|s| !s.waiting_adapters.is_empty()),
+            last_good: observation.last_good,
+            failed: observation.last_error.is_some(),
+        }
+    }
+
+    pub fn health(&self, now: Instant, stale_after: Duration) -> Health {
+        health_of(self.failed, self.last_good, now, stale_after)
+    }
+}
+
+/// Sentinels for `None` in the atomics.
+const NO_WAITING: u64 = u64::MAX;
+const NO_INSTANT: u64 = u64::MAX;
+const FAILED: u64 = 1;
+const ADAPTER_BOUND: u64 = 2;
+
+#[derive(Debug, Default)]
+pub(crate) struct GlanceCell {
+    /// Odd while a write is in progress.
+    generation: AtomicU64,
+    waiting: AtomicU64,
+    /// `f64` bits; NaN when unknown.
+    kv_usage: AtomicU64,
+    /// Nanoseconds after [`epoch`], biased by `i64::MAX` so earlier
+    /// instants fit; `NO_INSTANT` when there has been no good scrape.
+    last_good: AtomicU64,
+    flags: AtomicU64,
+    /// Set once the first observation has been written.
+    written: AtomicBool,
+}
+
+impl GlanceCell {
+    /// Only one writer at a time (the caller serialises).
+    pub(crate) fn write(&self, observation: &Observation) {
+        let glance = Glance::of(observation);
+        let start = self.generation.load(Ordering::Relaxed);
+        self.generation
+            .store(start.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.waiting
+            .store(glance.waiting.unwrap_or(NO_WAITING), Ordering::Relaxed);
+        self.kv_usage.store(
+            glance.kv_usage.unwrap_or(f64::NAN).to_bits(),
+            Ordering::Relaxed,
+        );
+        self.last_good.store(
+            glance.last_good.map_or(NO_INSTANT, encode),
+            Ordering::Relaxed,
+        );
+        let flags = if glance.failed { FAILED } else { 0 }
+            | if glance.adapter_bound {
+                ADAPTER_BOUND
+            } else {
+                0
+            };
+        self.flags.store(flags, Ordering::Relaxed);
+        self.written.store(true, Ordering::Relaxed);
+        self.generation
+            .store(start.wrapping_add(2), Ordering::Release);
+    }
+
+    /// A consistent copy, or `None` if a write was in progress.
+    pub(crate) fn read(&self) -> Option<Glance> {
+        let before = self.generation.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        let kv_usage = f64::from_bits(self.kv_usage.load(Ordering::Relaxed));
+        let last_good = self.last_good.load(Ordering::Relaxed);
+        let flags = self.flags.load(Ordering::Relaxed);
+        let written = self.written.load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if self.generation.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        if !written {
+            // Nothing stored yet: the default observation.
+            return Some(Glance::of(&Observation::default()));
+        }
+        Some(Glance {
+            generation: before,
+            waiting: (waiting != NO_WAITING).then_some(waiting),
+            kv_usage: (!kv_usage.is_nan()).then_some(kv_usage),
+            adapter_bound: flags & ADAPTER_BOUND != 0,
+            last_good: (last_good != NO_INSTANT).then(|| decode(last_good)),
+            failed: flags & FAILED != 0,
+        })
+    }
+}
+
+/// A fixed instant that stored instants are counted from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+const BIAS: u64 = i64::MAX as u64;
+
+fn encode(at: Instant) -> u64 {
+    let epoch = epoch();
+    let nanos = |d: Duration| {
+        u64::try_from(d.as_nanos())
+            .unwrap_or(u64::MAX)
+            .min(BIAS - 1)
+    };
+    match at.checked_duration_since(epoch) {
+        Some(after) => BIAS + nanos(after),
+        None => BIAS - nanos(epoch - at),
+    }
+}
+
+fn decode(bits: u64) -> Instant {
+    let epoch = epoch();
+    if bits >= BIAS {
+        epoch + Duration::from_nanos(bits - BIAS)
+    } else {
+        epoch - Duration::from_nanos(BIAS - bits)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::endpoint::EngineState;
+
+    fn observation(waiting: Option<u64>, kv: Option<f64>, at: Option<Instant>) -> Observation {
+        Observation {
+            state: Some(Arc::new(EngineState {
+                waiting,
+                kv_usage: kv,
+                waiting_adapters: vec!["sql".into()],
+                ..EngineState::default()
+            })),
+            last_good: at,
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn a_glance_reads_back_what_the_observation_says() {
+        let cell = GlanceCell::default();
+        let unwritten = cell.read().unwrap();
+        assert_eq!(unwritten, Glance::of(&Observation::default()));
+
+        let now = Instant::now();
+        for (waiting, kv, at) in [
+            (Some(3), Some(0.25), Some(now)),
+            (None, None, None),
+            (Some(0), Some(1.0), Some(now - Duration::from_secs(5))),
+            (Some(7), None, Some(now + Duration::from_millis(3))),
+        ] {
+            let obs = observation(waiting, kv, at);
+            cell.write(&obs);
+            let glance = cell.read().unwrap();
+            assert_eq!(
+                Glance {
+                    generation: 0,
+                    ..glance
+                },
+                Glance::of(&obs)
+            );
+            assert!(glance.generation > 0 && glance.generation % 2 == 0);
+        }
+        let failed = Observation {
+            last_error: Some("refused".into()),
+            ..observation(Some(1), None, Some(now))
+        };
+        cell.write(&failed);
+        let glance = cell.read().unwrap();
+        assert!(glance.failed && glance.adapter_bound);
+        assert_eq!(
+            glance.health(now, Duration::from_secs(1)),
+            crate::health(&failed, now, Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn every_write_changes_the_generation() {
+        let cell = GlanceCell::default();
+        let obs = observation(Some(1), Some(0.5), Some(Instant::now()));
+        cell.write(&obs);
+        let first = cell.read().unwrap().generation;
+        cell.write(&obs);
+        assert_ne!(cell.read().unwrap().generation, first);
+    }
+}
