@@ -32,6 +32,11 @@ struct Scratch {
     /// `Scorer::COUNT` columns of one score per candidate.
     columns: Vec<f64>,
     matching: MatchScratch,
+    /// Snapshot positions of a sampled pick, and which are in it.
+    sample: Vec<usize>,
+    marked: Vec<bool>,
+    /// Endpoint indexes from the prefix index.
+    holders: Vec<usize>,
 }
 
 impl Scratch {
@@ -46,6 +51,142 @@ impl Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Pools with more replicas than this are scored over a sample of them.
+/// Scoring every replica costs O(replicas) per pick (about 50 µs at
+/// 1,000), while the best of a few dozen random replicas is very likely
+/// among the least loaded few percent of the pool (the "power of d
+/// choices"). Up to this size a full scan costs a few microseconds and
+/// stays exact.
+pub const SAMPLE_ABOVE: usize = 128;
+/// Random replicas in a sample.
+pub const SAMPLE_RANDOM: usize = 32;
+/// Replicas holding the prompt's longest cached prefix added to a sample,
+/// so affinity survives sampling.
+pub const SAMPLE_PREFIX: usize = 8;
+
+/// Whether this pick scores a sample rather than the whole pool. Adapter
+/// requests score the whole pool (no index of adapter residency to sample
+/// from), as do explained picks (they report every candidate).
+fn sampled(replicas: usize, config: &PickerConfig, req: &PickRequest<'_>) -> bool {
+    replicas > SAMPLE_ABOVE && req.adapter.is_none() && !req.explain && config.weights.sum() > 0.0
+}
+
+/// Fill `scratch.sample` with distinct snapshot positions: the holders of
+/// the prompt's longest cached prefix, then random replicas. Leaves them
+/// marked in `scratch.marked`.
+fn sample<R: Rng + ?Sized>(
+    pool: &Pool,
+    snapshot: &[Arc<Endpoint>],
+    config: &PickerConfig,
+    req: &PickRequest<'_>,
+    rng: &mut R,
+    scratch: &mut Scratch,
+) {
+    let Scratch {
+        sample,
+        marked,
+        holders,
+        ..
+    } = scratch;
+    sample.clear();
+    marked.resize(snapshot.len(), false);
+    let mut add = |position: usize, sample: &mut Vec<usize>| {
+        if !marked[position] {
+            marked[position] = true;
+            sample.push(position);
+        }
+    };
+    if config.weights.prefix > 0.0 && !req.prefix_hashes.is_empty() {
+        holders.clear();
+        pool.prefix.deepest_holders(
+            req.prefix_hashes,
+            SAMPLE_PREFIX,
+            rng.gen_range(0..usize::MAX),
+            holders,
+        );
+        for &index in holders.iter() {
+            if let Some(position) = position_of(snapshot, index) {
+                add(position, sample);
+            }
+        }
+    }
+    for _ in 0..SAMPLE_RANDOM {
+        add(rng.gen_range(0..snapshot.len()), sample);
+    }
+}
+
+/// The snapshot position of endpoint `index`: its own position unless
+/// membership has changed since the pool was built.
+fn position_of(snapshot: &[Arc<Endpoint>], index: usize) -> Option<usize> {
+    match snapshot.get(index) {
+        Some(endpoint) if endpoint.index == index => Some(index),
+        _ => snapshot.iter().position(|endpoint| endpoint.index == index),
+    }
+}
+
+/// What the filter saw of the replicas it considered.
+#[derive(Default)]
+struct Census {
+    reachable: usize,
+    saturated: usize,
+    /// Requests waiting on the saturated replicas.
+    saturated_waiting: u64,
+}
+
+impl Census {
+    /// Filter one replica (reachable, not excluded, healthy, unsaturated)
+    /// and, if it passes, add it to the candidates with its signals.
+    #[allow(clippy::too_many_arguments)]
+    fn consider(
+        &mut self,
+        position: usize,
+        endpoint: &Arc<Endpoint>,
+        config: &PickerConfig,
+        req: &PickRequest<'_>,
+        now: Instant,
+        exclude: &[usize],
+        scratch: &mut Scratch,
+    ) {
+        if !is_candidate(endpoint, exclude) {
+            return;
+        }
+        self.reachable += 1;
+        let glance = endpoint.glance();
+        if glance.health(now, config.stale_after) != Health::Healthy {
+            return;
+        }
+        let waiting = glance.waiting;
+        let kv_usage = glance.kv_usage.filter(|kv| kv.is_finite());
+        // Requests sent since the scrape count as waiting, so a burst
+        // between scrapes cannot overfill a replica that looked idle. A
+        // queue of requests waiting for a LoRA slot says nothing about
+        // capacity, so it does not saturate (KV usage still does).
+        let projected_waiting = waiting
+            .filter(|_| !glance.adapter_bound)
+            .map(|w| w + endpoint.inflight_since_observation(glance.generation));
+        if config.saturation.is_saturated(projected_waiting, kv_usage) {
+            self.saturated += 1;
+            self.saturated_waiting += waiting.unwrap_or(0);
+            return;
+        }
+        scratch.positions.push(position);
+        scratch.indexes.push(endpoint.index);
+        scratch.signals.push(Signals {
+            waiting,
+            kv_usage,
+            inflight_requests: endpoint.load.requests(),
+            inflight_tokens: endpoint.load.tokens(),
+            unanswered: endpoint.load.unanswered(),
+            prefix_blocks: 0,
+            // Only an adapter request needs the adapter lists.
+            lora: match req.adapter {
+                None => LoraFit::NotRequested,
+                adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
+            },
+        });
+    }
 }
 
 pub(super) fn pick<R: Rng + ?Sized>(
@@ -85,48 +226,42 @@ fn pick_with<R: Rng + ?Sized>(
     scratch: &mut Scratch,
 ) -> Result<Decision, PickError> {
     scratch.clear();
-    let mut reachable = 0usize;
-    let mut saturated = 0usize;
-    let mut saturated_waiting = 0u64;
-    for (position, endpoint) in snapshot.iter().enumerate() {
-        if !is_candidate(endpoint, exclude) {
-            continue;
+    let mut census = Census::default();
+    if sampled(snapshot.len(), config, req) {
+        sample(pool, snapshot, config, req, rng, scratch);
+        let Scratch { sample, marked, .. } = &mut *scratch;
+        for &position in sample.iter() {
+            marked[position] = false;
         }
-        reachable += 1;
-        let glance = endpoint.glance();
-        if glance.health(now, config.stale_after) != Health::Healthy {
-            continue;
+        for k in 0..scratch.sample.len() {
+            let position = scratch.sample[k];
+            census.consider(
+                position,
+                &snapshot[position],
+                config,
+                req,
+                now,
+                exclude,
+                scratch,
+            );
         }
-        let waiting = glance.waiting;
-        let kv_usage = glance.kv_usage.filter(|kv| kv.is_finite());
-        // Requests sent since the scrape count as waiting, so a burst
-        // between scrapes cannot overfill a replica that looked idle. A
-        // queue of requests waiting for a LoRA slot says nothing about
-        // capacity, so it does not saturate (KV usage still does).
-        let projected_waiting = waiting
-            .filter(|_| !glance.adapter_bound)
-            .map(|w| w + endpoint.inflight_since_observation(glance.generation));
-        if config.saturation.is_saturated(projected_waiting, kv_usage) {
-            saturated += 1;
-            saturated_waiting += waiting.unwrap_or(0);
-            continue;
+        if scratch.signals.is_empty() {
+            // Nothing usable in the sample: decide on the whole pool, so
+            // the pool is only called saturated when all of it is.
+            scratch.clear();
+            census = Census::default();
         }
-        scratch.positions.push(position);
-        scratch.indexes.push(endpoint.index);
-        scratch.signals.push(Signals {
-            waiting,
-            kv_usage,
-            inflight_requests: endpoint.load.requests(),
-            inflight_tokens: endpoint.load.tokens(),
-            unanswered: endpoint.load.unanswered(),
-            prefix_blocks: 0,
-            // Only an adapter request needs the adapter lists.
-            lora: match req.adapter {
-                None => LoraFit::NotRequested,
-                adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
-            },
-        });
     }
+    if scratch.signals.is_empty() {
+        for (position, endpoint) in snapshot.iter().enumerate() {
+            census.consider(position, endpoint, config, req, now, exclude, scratch);
+        }
+    }
+    let Census {
+        reachable,
+        saturated,
+        saturated_waiting,
+    } = census;
 
     if reachable == 0 {
         return Err(PickError::NoReplicas);

@@ -632,3 +632,79 @@ fn a_queue_waiting_for_adapter_slots_does_not_saturate() {
         Err(PickError::Saturated { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------
+// Large pools: a sample of the replicas is scored.
+
+const LARGE: usize = 500;
+
+#[test]
+fn a_large_pool_uses_its_one_free_replica() {
+    // Every replica but one is saturated: the sample almost surely misses
+    // it, and the pick must still find it rather than refuse.
+    let now = Instant::now();
+    let mut states = vec![busy(9, 0.5); LARGE];
+    states[LARGE - 3] = idle();
+    let pool = fleet(scored(), states, now);
+    let mut rng = rng();
+    for _ in 0..20 {
+        let decision = pool
+            .pick(&PickRequest::default(), now, &[], &mut rng)
+            .unwrap();
+        assert_eq!(decision.index(), LARGE - 3);
+    }
+    // And refuses only when all of it is saturated.
+    observe(&pool.endpoints()[LARGE - 3], busy(9, 0.5), now);
+    match pool.pick(&PickRequest::default(), now, &[], &mut rng) {
+        Err(PickError::Saturated { waiting, .. }) => assert_eq!(waiting, 9 * LARGE as u64),
+        other => panic!("expected Saturated, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_large_pool_keeps_prefix_affinity() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); LARGE], now);
+    let body = chat(
+        &"You answer questions about the attached contract. ".repeat(40),
+        "hi",
+    );
+    let hashes = pool.hash_prompt("m", None, &body);
+    assert!(hashes.len() > 10);
+    let holder = 311;
+    pool.record(holder, &hashes);
+    let req = PickRequest {
+        prefix_hashes: &hashes,
+        ..PickRequest::default()
+    };
+    let mut rng = rng();
+    for _ in 0..20 {
+        let decision = pool.pick(&req, now, &[], &mut rng).unwrap();
+        assert_eq!(decision.index(), holder);
+    }
+}
+
+#[test]
+fn a_large_pool_sample_avoids_the_busy_replicas() {
+    // Half the pool has a queue (below saturation): a sample of 32 holds
+    // idle replicas with near certainty, and one of them must win.
+    let now = Instant::now();
+    let states = (0..LARGE)
+        .map(|i| if i % 2 == 0 { busy(3, 0.6) } else { idle() })
+        .collect();
+    let pool = fleet(scored(), states, now);
+    let mut rng = rng();
+    let mut chosen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let decision = pool
+            .pick(&PickRequest::default(), now, &[], &mut rng)
+            .unwrap();
+        assert_eq!(decision.index() % 2, 1, "picked a busy replica");
+        chosen.insert(decision.index());
+    }
+    assert!(
+        chosen.len() > 50,
+        "picks spread over the idle replicas: {}",
+        chosen.len()
+    );
+}

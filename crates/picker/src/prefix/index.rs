@@ -276,6 +276,49 @@ impl PrefixIndex {
         lo
     }
 
+    /// Up to `limit` endpoints holding the longest leading run of `hashes`
+    /// that any endpoint holds, appended to `out`; none when no endpoint
+    /// holds the first block. When more hold it, a window of `limit` of
+    /// them starting at `offset` (modulo their number) is taken, so
+    /// callers can rotate through them.
+    pub fn deepest_holders(
+        &self,
+        hashes: &[u64],
+        limit: usize,
+        offset: usize,
+        out: &mut Vec<usize>,
+    ) {
+        if limit == 0 || hashes.is_empty() {
+            return;
+        }
+        let state = self.state.read();
+        // Someone holding block `i` holds every block before it (module
+        // docs), so "someone holds block i" is monotone in `i`.
+        let (mut lo, mut hi) = (0, hashes.len());
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if state.holders.contains_key(&hashes[mid - 1]) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo == 0 {
+            return;
+        }
+        let holders = state.holders[&hashes[lo - 1]].as_slice();
+        let take = limit.min(holders.len());
+        let start = offset % holders.len();
+        out.extend(
+            holders
+                .iter()
+                .cycle()
+                .skip(start)
+                .take(take)
+                .map(|holder| holder.replica as usize),
+        );
+    }
+
     /// [`PrefixIndex::longest_match`] for many endpoints at once:
     /// `out[i]` = leading blocks of `hashes` held by `endpoints[i]`.
     ///
@@ -528,6 +571,28 @@ mod tests {
         // A lone candidate probing blocks a hundred replicas hold.
         assert_eq!(check(&[37]), [8]);
         assert_eq!(check(&[50, 3]), [13, 8]);
+    }
+
+    #[test]
+    fn deepest_holders_are_the_endpoints_with_the_longest_match() {
+        let index = PrefixIndex::default();
+        let doc = chain(7, 10);
+        index.record(0, &doc[..3], None);
+        index.record(1, &doc[..8], None);
+        index.record(2, &doc[..8], None);
+        index.record(3, &diverging(&doc, 2, 10, 9), None);
+        let holders = |limit, offset| {
+            let mut out = Vec::new();
+            index.deepest_holders(&doc, limit, offset, &mut out);
+            out
+        };
+        assert_eq!(holders(8, 0), [1, 2]);
+        assert_eq!(holders(1, 0), [1]);
+        assert_eq!(holders(1, 1), [2], "the offset rotates through them");
+        assert_eq!(holders(0, 0), Vec::<usize>::new());
+        let mut none = Vec::new();
+        index.deepest_holders(&chain(99, 4), 8, 0, &mut none);
+        assert!(none.is_empty(), "nobody holds an unseen prompt");
     }
 
     #[test]
