@@ -9,9 +9,10 @@
 //! again before handing it back. Here a request takes an idle connection,
 //! sends on it, and the response body hands the connection back when it has
 //! been read to its end — no task, no extra wake-up. The pool is behind a
-//! mutex only because the pipeline's futures must be `Send`; one thread
-//! uses it, so the lock is never contended (two uncontended atomic
-//! operations per request).
+//! mutex only because the pipeline's futures must be `Send` (hyper's server
+//! connections run as spawned tasks); one thread uses it, so the lock is
+//! never contended: taking a connection and handing it back cost one
+//! uncontended lock each.
 //!
 //! - **HTTP/1.1**: a connection carries one request at a time. Idle
 //!   connections are reused most recently used first, so under a light load
@@ -152,18 +153,17 @@ impl Connections {
         addr: &str,
         request: impl Fn() -> Request<Full<Bytes>>,
     ) -> Result<Response<Body>, Error> {
-        let replica = self.shared.replica(addr);
-        let mut reuse = true;
+        let (replica, mut idle) = self.shared.take(addr);
         loop {
-            let (mut conn, reused) = match reuse.then(|| self.shared.take(replica)).flatten() {
+            let (mut conn, reused) = match idle.take() {
                 Some(conn) => (conn, true),
                 None => (self.connect(addr, replica).await?, false),
             };
             match conn.send(request(), reused).await {
                 Ok(resp) => return Ok(self.body(resp, conn, replica)),
+                // Once: `idle` is empty now, so the next try connects.
                 Err(e) if reused && is_stale(&e) => {
                     tracing::debug!(%addr, error = %e, "reused connection was closed; sending on a fresh one");
-                    reuse = false;
                 }
                 Err(e) => return Err(Error::Request(e)),
             }
@@ -300,42 +300,40 @@ fn keep_alive(resp: &Response<Incoming>) -> bool {
 }
 
 impl Shared {
-    fn replica(&self, addr: &str) -> usize {
+    /// The index of the replica at `addr`, and an open connection to it:
+    /// the most recently used idle HTTP/1.1 one, or the h2c one in use.
+    fn take(&self, addr: &str) -> (usize, Option<Conn>) {
         let mut state = self.state.lock();
-        if let Some(&i) = state.index.get(addr) {
-            return i;
-        }
-        let i = state.replicas.len();
-        state.replicas.push(Replica::default());
-        state.index.insert(addr.into(), i);
-        i
-    }
-
-    /// An open connection to `replica`: the most recently used idle
-    /// HTTP/1.1 one, or the h2c one in use.
-    fn take(&self, replica: usize) -> Option<Conn> {
-        let mut state = self.state.lock();
+        let replica = match state.index.get(addr) {
+            Some(&i) => i,
+            None => {
+                let i = state.replicas.len();
+                state.replicas.push(Replica::default());
+                state.index.insert(addr.into(), i);
+                i
+            }
+        };
         let r = &mut state.replicas[replica];
-        match self.settings.protocol {
-            config::Protocol::Http1 => {
-                while let Some(idle) = r.idle.pop_back() {
-                    if !idle.sender.is_closed() {
-                        return Some(Conn::H1(idle.sender));
-                    }
+        let conn = match self.settings.protocol {
+            config::Protocol::Http1 => loop {
+                match r.idle.pop_back() {
+                    Some(idle) if idle.sender.is_closed() => continue,
+                    Some(idle) => break Some(Conn::H1(idle.sender)),
+                    None => break None,
                 }
-                None
-            }
-            config::Protocol::H2c => {
-                while let Some(last) = r.shared.last_mut() {
-                    if last.sender.is_ready() {
+            },
+            config::Protocol::H2c => loop {
+                match r.shared.last_mut() {
+                    Some(last) if last.sender.is_ready() => {
                         last.since = Instant::now();
-                        return Some(Conn::H2(last.sender.clone()));
+                        break Some(Conn::H2(last.sender.clone()));
                     }
-                    r.shared.pop();
+                    Some(_) => drop(r.shared.pop()),
+                    None => break None,
                 }
-                None
-            }
-        }
+            },
+        };
+        (replica, conn)
     }
 
     fn share(self: &Arc<Self>, replica: usize, sender: SendRequest2) {
