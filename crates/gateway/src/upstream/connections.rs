@@ -8,11 +8,12 @@
 //! spawns a task per request that waits for the connection to be ready
 //! again before handing it back. Here a request takes an idle connection,
 //! sends on it, and the response body hands the connection back when it has
-//! been read to its end — no task, no extra wake-up. The pool is behind a
-//! mutex only because the pipeline's futures must be `Send` (hyper's server
-//! connections run as spawned tasks); one thread uses it, so the lock is
-//! never contended: taking a connection and handing it back cost one
-//! uncontended lock each.
+//! been read to its end — no task per request. (The hop to the connection's
+//! own task and back remains: that is how hyper's connection API works.)
+//! The pool is behind a mutex only because the pipeline's futures must be
+//! `Send` (hyper's server connections run as spawned tasks); one thread
+//! uses it, so the lock is never contended: taking a connection and handing
+//! it back cost one uncontended lock each.
 //!
 //! - **HTTP/1.1**: a connection carries one request at a time. Idle
 //!   connections are reused most recently used first, so under a light load
@@ -29,9 +30,10 @@
 //!   again once on a fresh connection, so a stale connection never costs
 //!   the client a failure. A fresh connection's failure goes back to the
 //!   caller, which may try another replica.
-//! - **Idle timeout**: a connection unused for that long is closed by a
-//!   per-pool task that sleeps until the oldest idle connection expires and
-//!   ends when none is left.
+//! - **Idle timeout**: a connection unused for that long is closed (an h2c
+//!   one is let go: it closes when its last stream ends) by one task per
+//!   worker and pool that sleeps until the oldest idle connection expires
+//!   and ends when none is left.
 //! - Sockets get `TCP_NODELAY` (without it small SSE events wait ~40 ms for
 //!   Nagle against delayed ACKs), TCP keep-alive probes, and the configured
 //!   connect timeout.
