@@ -4,8 +4,9 @@
 //! A proxied body owns the request's [`Lease`] on its replica and its [`Record`], so
 //! the replica's load is released and the request is recorded exactly once,
 //! when the body ends — finished, failed, or dropped because the client went
-//! away. Dropping the upstream body closes its connection, which makes the
-//! replica abort the generation and free its KV cache.
+//! away. Dropping the upstream body before its end closes its connection,
+//! which makes the replica abort the generation and free its KV cache; a
+//! body read to its end hands its connection back for the next request.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -13,11 +14,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::admit::Lease;
 use crate::record::Record;
+use crate::upstream::connections;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -35,7 +36,7 @@ pub enum ResponseBody {
 }
 
 pub struct ProxiedBody {
-    inner: Incoming,
+    inner: connections::Body,
     idle_timeout: Duration,
     /// Fires `idle_timeout` after the last frame. Moved forward lazily, when
     /// it fires, so a busy stream does not touch the timer on every frame.
@@ -47,7 +48,12 @@ pub struct ProxiedBody {
 }
 
 impl ProxiedBody {
-    pub fn new(inner: Incoming, load: Lease, record: Record, idle_timeout: Duration) -> Self {
+    pub fn new(
+        inner: connections::Body,
+        load: Lease,
+        record: Record,
+        idle_timeout: Duration,
+    ) -> Self {
         Self {
             inner,
             idle_timeout,

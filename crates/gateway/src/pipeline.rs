@@ -11,8 +11,9 @@
 //!    by priority band and fairness key (admit/)
 //! 7. pick — the endpoint picker over the pool's current snapshot, run by
 //!    admission for requests that go straight through and for waiters
-//! 8. forward — proxy to the replica, retrying other replicas only before
-//!    any response byte; stream the answer back
+//! 8. forward — proxy to the replica over the worker's own pooled
+//!    connections (upstream/connections.rs), retrying other replicas only
+//!    before any response byte; stream the answer back
 //! 9. record — metrics, access log and load release, when the response
 //!    body ends (record.rs); each stage above runs in its own span
 
@@ -193,16 +194,20 @@ async fn infer(
                 "no replica has fresh metrics; picked by least-request");
         }
 
-        let upstream_req = upstream::request(
-            &parts,
-            &endpoint.addr,
-            body.clone(),
-            request_id,
-            traceparent,
-        );
+        // A closure: a reused connection found closed gets the request anew.
+        let upstream_req = || {
+            upstream::request(
+                &parts,
+                &endpoint.addr,
+                pool.spec.protocol,
+                body.clone(),
+                request_id,
+                traceparent,
+            )
+        };
         let sent = tokio::time::timeout(
             state.timeouts.first_byte(),
-            pool.client(worker).request(upstream_req),
+            pool.connections(worker).send(&endpoint.addr, upstream_req),
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;

@@ -1,5 +1,5 @@
 //! A pool at run time: its replicas, the picker over them, the scrapers
-//! that keep their signals fresh, and the client that reaches them.
+//! that keep their signals fresh, and each worker's connections to them.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,7 +10,8 @@ use tokio::task::JoinHandle;
 use crate::admit::Admission;
 use crate::server::WorkerId;
 use crate::telemetry::{Metrics, PoolMetrics};
-use crate::upstream::{self, UpstreamClient};
+use crate::upstream::Connections;
+use crate::upstream::connections::Settings;
 
 pub struct PoolRuntime {
     pub name: String,
@@ -18,9 +19,9 @@ pub struct PoolRuntime {
     pub picker: Arc<picker::Pool>,
     /// Flow control in front of the picker.
     pub admission: Arc<Admission>,
-    /// One client, with its own connection pool, per worker thread: a
-    /// connection is only used by the thread that drives it.
-    clients: Vec<UpstreamClient>,
+    /// One connection pool per worker thread: a connection is only used by
+    /// the thread that drives it.
+    connections: Vec<Connections>,
     /// Metric handles resolved for this pool, its models and replicas.
     pub metrics: PoolMetrics,
     /// One per replica; each stops its task when dropped.
@@ -51,8 +52,8 @@ impl PoolRuntime {
             metrics: metrics.pool(spec, &picker, &admission),
             admission,
             picker,
-            clients: (0..workers.max(1))
-                .map(|_| upstream::client(spec.protocol, timeouts.connect()))
+            connections: (0..workers.max(1))
+                .map(|_| Connections::new(Settings::new(spec.protocol, timeouts.connect())))
                 .collect(),
             scrapers: Vec::new(),
             dispatcher: None,
@@ -60,9 +61,9 @@ impl PoolRuntime {
         }
     }
 
-    /// The upstream client of the worker thread serving a request.
-    pub fn client(&self, worker: WorkerId) -> &UpstreamClient {
-        &self.clients[worker % self.clients.len()]
+    /// The connections of the worker thread serving a request.
+    pub fn connections(&self, worker: WorkerId) -> &Connections {
+        &self.connections[worker % self.connections.len()]
     }
 
     /// Start one scraper (or reachability probe) per replica and the flow

@@ -533,3 +533,105 @@ async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
     assert!(matches!(end, Some(Err(_))), "{end:?}");
     drop(events);
 }
+
+/// A replica that answers every request with a small JSON body, counts the
+/// connections that carried inference requests (reachability probes do
+/// not count) and, if `close_idle`, closes each connection as soon as it
+/// has answered (as an aggressive keep-alive timeout would), without saying
+/// so in the response.
+async fn counting_replica(close_idle: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let counter = Arc::clone(&counter);
+            tokio::spawn(async move {
+                let mut counted = false;
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head, then content-length bytes.
+                    let (head_end, length) = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .map_or(0, |v| v.trim().parse().unwrap());
+                            break (i + 4, length);
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    while buf.len() < head_end + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    if !counted && buf.starts_with(b"POST /v1/") {
+                        counted = true;
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
+                    buf.drain(..head_end + length);
+                    let body = r#"{"object":"chat.completion"}"#;
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if stream.write_all(answer.as_bytes()).await.is_err() || close_idle {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test]
+async fn upstream_connections_are_kept_alive_and_reused() {
+    let (addr, accepted) = counting_replica(false).await;
+    let pools = format!(
+        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], scheduling: {{policy: round-robin}}}}\n"
+    );
+    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    // One client connection, so one worker serves every request.
+    let c = client();
+    for _ in 0..20 {
+        let resp = c
+            .post(format!("http://{}{CHAT}", gw.addr()))
+            .body(r#"{"model":"m"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    // That worker reuses its connection to the replica.
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_replica_closing_idle_connections_costs_no_failed_requests() {
+    let (addr, accepted) = counting_replica(true).await;
+    // No retries on other replicas: a stale connection would be a 502.
+    // Here the worker mostly notices the close before the next request;
+    // the close crossing a request on the wire is a unit test of the pool.
+    let pools = format!(
+        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], retry: {{maxRetries: 0}}, scheduling: {{policy: round-robin}}}}\n"
+    );
+    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    for _ in 0..20 {
+        let resp = chat(&gw, "m").await;
+        assert_eq!(resp.status(), 200);
+        resp.bytes().await.unwrap();
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 20);
+}

@@ -1,35 +1,18 @@
-//! Talking to replicas: one pooled keep-alive client per pool, and the
-//! request a replica receives.
+//! Talking to replicas: each worker's connections to each pool
+//! ([`connections`]), and the request a replica receives.
 
-use std::time::Duration;
+pub mod connections;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Uri};
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use crate::telemetry::trace_context::TRACEPARENT;
 
-pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+pub use connections::Connections;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-pub fn client(protocol: config::Protocol, connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    // Without TCP_NODELAY small SSE events wait ~40 ms (Nagle vs delayed ACK).
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_keepalive(Some(Duration::from_secs(60)));
-    let mut builder = Client::builder(TokioExecutor::new());
-    builder.pool_idle_timeout(Duration::from_secs(90));
-    if protocol == config::Protocol::H2c {
-        builder.http2_only(true);
-    }
-    builder.build(connector)
-}
 
 /// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -70,9 +53,12 @@ pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
 /// The request sent to `addr`: same method, path, query and end-to-end
 /// headers, the body byte for byte, the gateway's request id and the trace
 /// context for the replica (see [`crate::telemetry::trace_context`]).
+/// HTTP/1.1 gets the path alone and a `Host` header; HTTP/2 the whole URI,
+/// from which hyper sends `:scheme` and `:authority`.
 pub fn request(
     parts: &http::request::Parts,
     addr: &str,
+    protocol: config::Protocol,
     body: Bytes,
     request_id: &HeaderValue,
     traceparent: &HeaderValue,
@@ -80,18 +66,28 @@ pub fn request(
     let path = parts
         .uri
         .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri: Uri = format!("http://{addr}{path}")
-        .parse()
-        .expect("host:port and an already-parsed path form a valid URI");
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
     let headers = req.headers_mut();
     copy_headers(&parts.headers, headers);
     headers.insert(REQUEST_ID, request_id.clone());
     headers.insert(TRACEPARENT, traceparent.clone());
+    match protocol {
+        config::Protocol::Http1 => {
+            if let Ok(host) = HeaderValue::from_str(addr) {
+                headers.insert(header::HOST, host);
+            }
+            *req.uri_mut() = Uri::from(path);
+        }
+        config::Protocol::H2c => {
+            *req.version_mut() = http::Version::HTTP_2;
+            *req.uri_mut() = format!("http://{addr}{path}")
+                .parse()
+                .expect("host:port and an already-parsed path form a valid URI");
+        }
+    }
     req
 }
 
@@ -131,19 +127,29 @@ mod tests {
             .insert(header::HOST, HeaderValue::from_static("gw"));
         let (parts, ()) = incoming.into_parts();
         let ours = "00-11111111111111111111111111111111-3333333333333333-01";
-        let req = request(
-            &parts,
-            "10.0.0.1:8000",
-            Bytes::from_static(b"{}"),
-            &HeaderValue::from_static("req-1"),
-            &HeaderValue::from_static(ours),
-        );
-        assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
+        let make = |protocol| {
+            request(
+                &parts,
+                "10.0.0.1:8000",
+                protocol,
+                Bytes::from_static(b"{}"),
+                &HeaderValue::from_static("req-1"),
+                &HeaderValue::from_static(ours),
+            )
+        };
+        let req = make(config::Protocol::Http1);
+        assert_eq!(req.uri(), "/v1/chat/completions?x=1");
         let headers = req.headers();
         assert_eq!(headers[REQUEST_ID], "req-1");
         assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
         assert_eq!(headers[TRACEPARENT], ours);
         assert_eq!(headers["tracestate"], "vendor=1");
-        assert!(headers.get(header::HOST).is_none());
+        // The replica's address, not the gateway's.
+        assert_eq!(headers[header::HOST], "10.0.0.1:8000");
+
+        let req = make(config::Protocol::H2c);
+        assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
+        assert_eq!(req.version(), http::Version::HTTP_2);
+        assert!(req.headers().get(header::HOST).is_none());
     }
 }

@@ -1,0 +1,410 @@
+//! The pool against a fake HTTP/1.1 replica on 127.0.0.1 that counts its
+//! connections and misbehaves on cue, and a real h2c server.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::{Connections, Error, Settings};
+
+/// What the fake replica does with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// 200 with the connection's number as the body, `c0`, `c1`, …
+    Ok,
+    /// Like `Ok`, then the replica closes the connection while it is idle,
+    /// as a keep-alive timeout would.
+    OkThenClose,
+    /// The replica closes the connection without answering.
+    HangUp,
+    /// A head announcing 10 bytes, and 2 of them; the rest never comes.
+    Partial,
+}
+
+/// The answer to the `request`-th request (from 0) on the `conn`-th
+/// connection (from 0, in accept order).
+type Plan = dyn Fn(usize, usize) -> Answer + Send + Sync;
+
+struct FakeReplica {
+    addr: SocketAddr,
+    accepted: watch::Receiver<usize>,
+    /// Connections the pool closed (the replica read end-of-file).
+    closed_by_pool: watch::Receiver<usize>,
+    /// Connections the replica closed itself.
+    closed_by_replica: watch::Receiver<usize>,
+    /// The connection of each request received, in order.
+    requests: Arc<Mutex<Vec<usize>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeReplica {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Counters {
+    accepted: watch::Sender<usize>,
+    closed_by_pool: watch::Sender<usize>,
+    closed_by_replica: watch::Sender<usize>,
+    requests: Arc<Mutex<Vec<usize>>>,
+}
+
+impl FakeReplica {
+    async fn start(plan: impl Fn(usize, usize) -> Answer + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted, accepted_rx) = watch::channel(0);
+        let (closed_by_pool, closed_by_pool_rx) = watch::channel(0);
+        let (closed_by_replica, closed_by_replica_rx) = watch::channel(0);
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let counters = Arc::new(Counters {
+            accepted,
+            closed_by_pool,
+            closed_by_replica,
+            requests: Arc::clone(&requests),
+        });
+        let plan: Arc<Plan> = Arc::new(plan);
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            for conn in 0.. {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                counters.accepted.send_modify(|n| *n += 1);
+                connections.spawn(serve(
+                    stream,
+                    conn,
+                    Arc::clone(&plan),
+                    Arc::clone(&counters),
+                ));
+            }
+        });
+        Self {
+            addr,
+            accepted: accepted_rx,
+            closed_by_pool: closed_by_pool_rx,
+            closed_by_replica: closed_by_replica_rx,
+            requests,
+            task,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        *self.accepted.borrow()
+    }
+}
+
+async fn serve(mut stream: TcpStream, conn: usize, plan: Arc<Plan>, counters: Arc<Counters>) {
+    for request in 0.. {
+        if !read_request(&mut stream).await {
+            counters.closed_by_pool.send_modify(|n| *n += 1);
+            return;
+        }
+        counters.requests.lock().push(conn);
+        let body = format!("c{conn}");
+        let ok = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        match plan(conn, request) {
+            Answer::Ok => stream.write_all(ok.as_bytes()).await.unwrap(),
+            Answer::OkThenClose => {
+                stream.write_all(ok.as_bytes()).await.unwrap();
+                drop(stream);
+                counters.closed_by_replica.send_modify(|n| *n += 1);
+                return;
+            }
+            Answer::HangUp => {
+                drop(stream);
+                counters.closed_by_replica.send_modify(|n| *n += 1);
+                return;
+            }
+            Answer::Partial => {
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab")
+                    .await
+                    .unwrap();
+                // Nothing more is sent; wait for the pool to give up.
+                let mut rest = [0u8; 64];
+                while stream.read(&mut rest).await.is_ok_and(|n| n > 0) {}
+                counters.closed_by_pool.send_modify(|n| *n += 1);
+                return;
+            }
+        }
+    }
+}
+
+/// Read one request (head and `content-length` body); false at end of file.
+async fn read_request(stream: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 1024];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < head_end + length {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    true
+}
+
+fn settings() -> Settings {
+    Settings::new(config::Protocol::Http1, Duration::from_secs(5))
+}
+
+fn request(addr: SocketAddr) -> impl Fn() -> Request<Full<Bytes>> {
+    move || {
+        Request::post("/v1/chat/completions")
+            .header(header::HOST, addr.to_string())
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+}
+
+/// Send a request and read its body to the end.
+async fn fetch(pool: &Connections, addr: SocketAddr) -> Result<String, Error> {
+    let resp = within(pool.send(&addr.to_string(), request(addr))).await?;
+    assert_eq!(resp.status(), StatusCode::OK);
+    Ok(body_text(resp).await)
+}
+
+async fn body_text(resp: Response<super::Body>) -> String {
+    let bytes = within(resp.into_body().collect()).await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Waits in these tests are for events; this only keeps a broken pool
+/// from hanging the test run.
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(10), f)
+        .await
+        .expect("timed out")
+}
+
+async fn until(counter: &watch::Receiver<usize>, n: usize) {
+    let mut counter = counter.clone();
+    within(counter.wait_for(|c| *c >= n)).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_reused() {
+    let replica = FakeReplica::start(|_, _| Answer::Ok).await;
+    let pool = Connections::new(settings());
+    for _ in 0..3 {
+        assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+        assert_eq!(pool.idle(&replica.addr.to_string()), 1);
+    }
+    assert_eq!(replica.accepted(), 1);
+}
+
+#[tokio::test]
+async fn the_most_recently_used_idle_connection_goes_first() {
+    let replica = FakeReplica::start(|_, _| Answer::Ok).await;
+    let pool = Connections::new(settings());
+    let addr = replica.addr.to_string();
+    // Two requests at once need two connections.
+    let (a, b) = tokio::join!(
+        pool.send(&addr, request(replica.addr)),
+        pool.send(&addr, request(replica.addr))
+    );
+    assert_eq!(replica.accepted(), 2);
+    let first = body_text(a.unwrap()).await;
+    let last = body_text(b.unwrap()).await;
+    assert_ne!(first, last);
+    // The connection whose response ended last is reused first.
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), last);
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), last);
+    assert_eq!(replica.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_connection_the_replica_closed_while_idle_costs_no_failed_request() {
+    let replica = FakeReplica::start(|conn, _| match conn {
+        0 => Answer::OkThenClose,
+        _ => Answer::Ok,
+    })
+    .await;
+    let pool = Connections::new(settings());
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    until(&replica.closed_by_replica, 1).await;
+    // At once, while the pool may not have noticed the close yet.
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(replica.accepted(), 2);
+    assert_eq!(*replica.requests.lock(), [0, 1]);
+}
+
+#[tokio::test]
+async fn a_reused_connection_that_fails_before_answering_is_retried_on_a_fresh_one() {
+    // The second request on the first connection crosses the replica
+    // closing it: the request is lost on the wire.
+    let replica = FakeReplica::start(|conn, request| match (conn, request) {
+        (0, 1) => Answer::HangUp,
+        _ => Answer::Ok,
+    })
+    .await;
+    let pool = Connections::new(settings());
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(*replica.requests.lock(), [0, 0, 1]);
+}
+
+#[tokio::test]
+async fn a_fresh_connection_that_fails_is_the_callers_to_handle() {
+    let replica = FakeReplica::start(|_, _| Answer::HangUp).await;
+    let pool = Connections::new(settings());
+    let err = fetch(&pool, replica.addr).await.unwrap_err();
+    assert!(matches!(err, Error::Request(_)), "{err:?}");
+    assert!(!err.is_connect());
+    // Not sent again: another replica may be the better try.
+    assert_eq!(replica.accepted(), 1);
+    assert_eq!(replica.requests.lock().len(), 1);
+}
+
+#[tokio::test]
+async fn a_response_not_read_to_its_end_does_not_return_its_connection() {
+    let replica = FakeReplica::start(|conn, _| match conn {
+        0 => Answer::Partial,
+        _ => Answer::Ok,
+    })
+    .await;
+    let pool = Connections::new(settings());
+    let resp = within(pool.send(&replica.addr.to_string(), request(replica.addr)))
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let frame = within(body.frame()).await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), "ab");
+    // The client went away mid-body.
+    drop(body);
+    assert_eq!(pool.idle(&replica.addr.to_string()), 0);
+    // The replica sees the connection close: its generation would stop.
+    until(&replica.closed_by_pool, 1).await;
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(replica.accepted(), 2);
+}
+
+#[tokio::test]
+async fn idle_connections_close_after_the_idle_timeout() {
+    let replica = FakeReplica::start(|_, _| Answer::Ok).await;
+    let idle_timeout = Duration::from_millis(200);
+    let pool = Connections::new(Settings {
+        idle_timeout,
+        ..settings()
+    });
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    let idle_since = tokio::time::Instant::now();
+    until(&replica.closed_by_pool, 1).await;
+    assert!(
+        idle_since.elapsed() >= idle_timeout,
+        "closed after {:?}",
+        idle_since.elapsed()
+    );
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(replica.accepted(), 2);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_connect_error() {
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let pool = Connections::new(settings());
+    let err = within(pool.send(&addr.to_string(), request(addr)))
+        .await
+        .unwrap_err();
+    assert!(err.is_connect(), "{err:?}");
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_connection_that_is_never_accepted_times_out() {
+    // A listener whose accept queue is full: the kernel drops further SYNs,
+    // so connecting hangs until the connect timeout.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut queued = Vec::new();
+    while let Ok(Ok(s)) =
+        tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(addr)).await
+    {
+        queued.push(s);
+        assert!(queued.len() < 64, "the accept queue never filled");
+    }
+    let connect_timeout = Duration::from_millis(100);
+    let pool = Connections::new(Settings {
+        connect_timeout,
+        ..settings()
+    });
+    let err = within(pool.send(&addr.to_string(), request(addr)))
+        .await
+        .unwrap_err();
+    assert!(err.is_connect(), "{err:?}");
+    assert!(matches!(err, Error::ConnectTimeout { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn h2c_requests_share_one_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted_tx, accepted) = watch::channel(0usize);
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            accepted_tx.send_modify(|n| *n += 1);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                        let version = format!("{:?}", req.version());
+                        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(version))))
+                    });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let pool = Connections::new(Settings::new(config::Protocol::H2c, Duration::from_secs(5)));
+    let key = addr.to_string();
+    let a = key.clone();
+    let h2 = move || {
+        Request::post(format!("http://{a}/v1/chat/completions"))
+            .version(http::Version::HTTP_2)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let first = within(pool.send(&key, &h2)).await.unwrap();
+    assert_eq!(body_text(first).await, "HTTP/2.0");
+    // Concurrent requests and a response still being read share it too.
+    let held = within(pool.send(&key, &h2)).await.unwrap();
+    let (b, c) = tokio::join!(pool.send(&key, &h2), pool.send(&key, &h2));
+    for resp in [held, b.unwrap(), c.unwrap()] {
+        assert_eq!(body_text(resp).await, "HTTP/2.0");
+    }
+    assert_eq!(*accepted.borrow(), 1);
+    server.abort();
+}
