@@ -322,6 +322,9 @@ impl PrefixConfig {
     pub const DEFAULT_BLOCK_BYTES: usize = 64;
     pub const DEFAULT_MAX_BLOCKS: usize = 1024;
     pub const DEFAULT_CAPACITY_BLOCKS: usize = 16_384;
+    /// Blocks the index remembers for a whole pool, shared out evenly
+    /// between its replicas when that is less than their KV capacity.
+    pub const POOL_BUDGET_BLOCKS: u64 = 4 << 20;
     /// Prompt bytes per token assumed when converting a replica's KV
     /// capacity (in tokens) into prompt blocks.
     pub const BYTES_PER_TOKEN: u64 = 4;

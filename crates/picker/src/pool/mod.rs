@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::drain::{DrainMeter, assumed_drain, estimate_retry_after};
 use crate::endpoint::{Endpoint, LoadGuard};
 use crate::explain::{CandidateScore, ScoresHeader, TopScores};
-use crate::policy::{PickerConfig, Policy};
+use crate::policy::{PickerConfig, Policy, PrefixConfig};
 use crate::prefix::{PrefixIndex, prompt_hashes};
 
 /// What the picker needs to know about a request.
@@ -243,7 +243,8 @@ impl Pool {
                         .capacity_from_kv(state.kv_capacity_blocks?, state.block_size?),
                 )
             })
-            .unwrap_or(config.prefix.default_capacity_blocks as u64);
+            .unwrap_or(config.prefix.default_capacity_blocks as u64)
+            .min(PrefixConfig::POOL_BUDGET_BLOCKS / self.endpoints.load().len().max(1) as u64);
         self.prefix.record(endpoint, hashes, Some(capacity));
     }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::endpoint::{EngineState, Observation};
-use crate::policy::{Fallback, Saturation};
+use crate::policy::{Fallback, PrefixConfig, Saturation};
 use crate::scorers::Scorer;
 
 fn idle() -> EngineState {
@@ -707,4 +707,28 @@ fn a_large_pool_sample_avoids_the_busy_replicas() {
         "picks spread over the idle replicas: {}",
         chosen.len()
     );
+}
+
+#[test]
+fn a_large_pool_shares_one_prefix_budget() {
+    // 2,048 replicas: the pool budget leaves each 2,048 blocks, fewer than
+    // the KV capacity they report, so the index forgets beyond that.
+    let replicas = 2048;
+    let now = Instant::now();
+    let state = EngineState {
+        block_size: Some(16),
+        kv_capacity_blocks: Some(30_000),
+        ..idle()
+    };
+    let pool = fleet(scored(), vec![state; replicas], now);
+    let per_replica = (PrefixConfig::POOL_BUDGET_BLOCKS / replicas as u64) as usize;
+    assert!(per_replica < 30_000 * 16 * 4 / 64);
+    let hashes: Vec<u64> = (1..=3_000u64).map(|i| i * 0x9e37_79b9).collect();
+    pool.record(5, &hashes);
+    assert_eq!(pool.prefix_index().blocks_held(5), per_replica);
+
+    // A small pool keeps what the replica's KV capacity holds.
+    let small = fleet(scored(), vec![idle(); 4], now);
+    small.record(1, &hashes);
+    assert_eq!(small.prefix_index().blocks_held(1), 3_000);
 }
