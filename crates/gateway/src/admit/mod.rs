@@ -173,10 +173,9 @@ struct Waiter {
 /// Counters for the observability stage.
 #[derive(Debug, Default)]
 pub struct FlowStats {
-    /// Requests that waited and were dispatched.
+    /// Requests that waited and were dispatched. (Refusals are counted by
+    /// reason in the request metrics, from the error's dropped reason.)
     pub dispatched: AtomicU64,
-    /// Refusals, in [`DropReason::ALL`] order.
-    pub refused: [AtomicU64; 4],
     /// Requests whose client left while they waited.
     pub abandoned: AtomicU64,
 }
@@ -350,7 +349,6 @@ impl Admission {
     }
 
     fn refuse(&self, reason: DropReason, error: ApiError) -> ApiError {
-        self.stats.refused[reason as usize].fetch_add(1, Ordering::Relaxed);
         error.with_dropped_reason(reason.as_str())
     }
 
