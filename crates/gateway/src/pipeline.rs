@@ -173,10 +173,6 @@ async fn infer(
             return refuse(record, e);
         }
     };
-    if admitted.queue_wait.is_zero() {
-        // Went straight through: the admit stage was just the pick.
-        pool.metrics.observe_pick(admit_started.elapsed());
-    }
     record.waited(ticket.band, admitted.queue_wait);
 
     // 8. forward, retrying other replicas before any byte.
@@ -241,10 +237,7 @@ async fn infer(
                     );
                 }
                 record.retries += 1;
-                let pick_started = Instant::now();
-                let picked = pool.admission.pick_now(&pick.as_request(), &tried);
-                pool.metrics.observe_pick(pick_started.elapsed());
-                admitted = match picked {
+                admitted = match pool.admission.pick_now(&pick.as_request(), &tried) {
                     Ok(a) => a,
                     Err(e) => return refuse(record, pick_error(&pool.name, e)),
                 };

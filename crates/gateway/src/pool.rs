@@ -46,7 +46,11 @@ impl PoolRuntime {
             .map(|(i, a)| Endpoint::new(i, a.clone()))
             .collect();
         let picker = Arc::new(picker::Pool::new(picker_config(spec), endpoints));
-        let admission = Admission::new(Arc::clone(&picker), flow_control.clone());
+        let admission = Admission::new(
+            Arc::clone(&picker),
+            flow_control.clone(),
+            metrics.pick_duration(&spec.name),
+        );
         Self {
             name: spec.name.clone(),
             metrics: metrics.pool(spec, &picker, &admission),

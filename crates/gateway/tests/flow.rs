@@ -145,6 +145,12 @@ async fn decision_headers_report_the_queue_wait() {
         .unwrap();
     // It was in line until the replica reported room again.
     assert!(ms > 0.0 && ms.is_finite(), "{ms}");
+    // Both its picks are timed: the one that found the pool saturated and
+    // the dispatcher's that sent it.
+    let picks = scrape(&gw)
+        .await
+        .value("infergate_pick_duration_seconds_count", &[("pool", "p")]);
+    assert!(picks >= 2.0, "{picks} picks timed");
     // With room, the next one goes straight through.
     let direct = send(&gw, "d", None, None).await.unwrap();
     assert_eq!(direct.headers()["x-infergate-queue-wait-ms"], "0");

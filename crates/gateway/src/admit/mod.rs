@@ -20,6 +20,7 @@ use config::Priority;
 use http::HeaderMap;
 use parking_lot::Mutex;
 use picker::{Decision, LoadGuard, PickError, PickRequest};
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
 use self::queue::Queue;
@@ -188,14 +189,22 @@ pub struct Admission {
     /// Waiting requests per band, readable without the lock.
     waiting: [AtomicUsize; 3],
     wake: Notify,
+    pick_duration: Histogram,
     pub stats: FlowStats,
 }
 
 impl Admission {
-    pub fn new(picker: Arc<picker::Pool>, limits: config::FlowControl) -> Arc<Self> {
+    /// `pick_duration` times every pick: a request's first, its retries,
+    /// and those the dispatcher makes for waiting requests.
+    pub fn new(
+        picker: Arc<picker::Pool>,
+        limits: config::FlowControl,
+        pick_duration: Histogram,
+    ) -> Arc<Self> {
         Arc::new(Self {
             picker,
             limits,
+            pick_duration,
             queue: Mutex::new(Queue::default()),
             waiting: Default::default(),
             wake: Notify::new(),
@@ -222,9 +231,12 @@ impl Admission {
         pick: &PickRequest<'_>,
         tried: &[usize],
     ) -> Result<Admitted, PickError> {
-        let decision = self
+        let started = Instant::now();
+        let picked = self
             .picker
-            .pick(pick, Instant::now(), tried, &mut rand::thread_rng())?;
+            .pick(pick, started, tried, &mut rand::thread_rng());
+        self.pick_duration.observe(started.elapsed().as_secs_f64());
+        let decision = picked?;
         let load = decision.acquire();
         self.picker.record(decision.index(), pick.prefix_hashes);
         Ok(Admitted {

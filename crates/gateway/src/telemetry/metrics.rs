@@ -235,6 +235,16 @@ impl Metrics {
         }
     }
 
+    /// The pick-time histogram of pool `name` (flow control times picks).
+    pub fn pick_duration(&self, name: &str) -> Histogram {
+        self.families
+            .pick_duration
+            .get_or_create(&PoolLabels {
+                pool: Name::new(name.to_owned()),
+            })
+            .clone()
+    }
+
     /// Resolve every handle a pool needs, and export its replicas' and
     /// queues' live state from now on.
     pub fn pool(
@@ -283,10 +293,6 @@ impl Metrics {
             uses_signals: picker.config().policy.uses_signals(),
         });
         PoolMetrics {
-            pick_duration: f
-                .pick_duration
-                .get_or_create(&PoolLabels { pool: pool.clone() })
-                .clone(),
             pick_fallbacks: f
                 .pick_fallbacks
                 .get_or_create(&PoolLabels { pool: pool.clone() })
@@ -336,7 +342,6 @@ pub struct PoolMetrics {
     routes: HashMap<String, Arc<RouteMetrics>>,
     /// By endpoint index, for the membership the pool started with.
     endpoints: Vec<EndpointMetrics>,
-    pick_duration: Histogram,
     pick_fallbacks: Counter,
 }
 
@@ -370,10 +375,6 @@ impl PoolMetrics {
                 self.endpoint(endpoint).decisions.inc();
             }
         }
-    }
-
-    pub fn observe_pick(&self, took: Duration) {
-        self.pick_duration.observe(took.as_secs_f64());
     }
 }
 
