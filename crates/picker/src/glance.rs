@@ -11,7 +11,7 @@
 //! observation.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use crate::endpoint::Observation;
@@ -58,7 +58,7 @@ const ADAPTER_BOUND: u64 = 2;
 
 #[derive(Debug, Default)]
 pub(crate) struct GlanceCell {
-    /// Odd while a write is in progress.
+    /// Odd while a write is in progress; 0 until the first write.
     generation: AtomicU64,
     waiting: AtomicU64,
     /// `f64` bits; NaN when unknown.
@@ -67,8 +67,6 @@ pub(crate) struct GlanceCell {
     /// instants fit; `NO_INSTANT` when there has been no good scrape.
     last_good: AtomicU64,
     flags: AtomicU64,
-    /// Set once the first observation has been written.
-    written: AtomicBool,
 }
 
 impl GlanceCell {
@@ -96,7 +94,6 @@ impl GlanceCell {
                 0
             };
         self.flags.store(flags, Ordering::Relaxed);
-        self.written.store(true, Ordering::Relaxed);
         self.generation
             .store(start.wrapping_add(2), Ordering::Release);
     }
@@ -107,18 +104,17 @@ impl GlanceCell {
         if before % 2 == 1 {
             return None;
         }
+        if before == 0 {
+            // Nothing stored yet: the default observation.
+            return Some(Glance::of(&Observation::default()));
+        }
         let waiting = self.waiting.load(Ordering::Relaxed);
         let kv_usage = f64::from_bits(self.kv_usage.load(Ordering::Relaxed));
         let last_good = self.last_good.load(Ordering::Relaxed);
         let flags = self.flags.load(Ordering::Relaxed);
-        let written = self.written.load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         if self.generation.load(Ordering::Relaxed) != before {
             return None;
-        }
-        if !written {
-            // Nothing stored yet: the default observation.
-            return Some(Glance::of(&Observation::default()));
         }
         Some(Glance {
             generation: before,

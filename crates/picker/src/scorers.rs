@@ -172,7 +172,7 @@ pub fn queue(signals: &[Signals], queue_depth: u64, out: &mut [f64]) {
 }
 
 /// The backlog the queue scorer ranks by.
-pub fn queue_of(signals: &Signals) -> u64 {
+fn queue_of(signals: &Signals) -> u64 {
     signals.waiting.unwrap_or(0).max(signals.unanswered)
 }
 

@@ -74,8 +74,7 @@ fn sampled(replicas: usize, config: &PickerConfig, req: &PickRequest<'_>) -> boo
 }
 
 /// Fill `scratch.sample` with distinct snapshot positions: the holders of
-/// the prompt's longest cached prefix, then random replicas. Leaves them
-/// marked in `scratch.marked`.
+/// the prompt's longest cached prefix, then random replicas.
 fn sample<R: Rng + ?Sized>(
     pool: &Pool,
     snapshot: &[Arc<Endpoint>],
@@ -114,6 +113,9 @@ fn sample<R: Rng + ?Sized>(
     }
     for _ in 0..SAMPLE_RANDOM {
         add(rng.gen_range(0..snapshot.len()), sample);
+    }
+    for &position in sample.iter() {
+        marked[position] = false;
     }
 }
 
@@ -229,12 +231,10 @@ fn pick_with<R: Rng + ?Sized>(
     let mut census = Census::default();
     if sampled(snapshot.len(), config, req) {
         sample(pool, snapshot, config, req, rng, scratch);
-        let Scratch { sample, marked, .. } = &mut *scratch;
-        for &position in sample.iter() {
-            marked[position] = false;
-        }
-        for k in 0..scratch.sample.len() {
-            let position = scratch.sample[k];
+        // Taken out while `consider` fills the rest of the scratch; put
+        // back so its buffer is reused.
+        let positions = std::mem::take(&mut scratch.sample);
+        for &position in &positions {
             census.consider(
                 position,
                 &snapshot[position],
@@ -245,6 +245,7 @@ fn pick_with<R: Rng + ?Sized>(
                 scratch,
             );
         }
+        scratch.sample = positions;
         if scratch.signals.is_empty() {
             // Nothing usable in the sample: decide on the whole pool, so
             // the pool is only called saturated when all of it is.
