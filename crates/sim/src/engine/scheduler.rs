@@ -555,6 +555,8 @@ impl Engine {
     /// Preemption by recompute: free the request's blocks (they stay in the
     /// prefix cache until evicted) and put it at the front of the queue.
     fn preempt(&mut self, slot: u32) {
+        let computed = self.requests.get(slot).num_computed;
+        self.offer_blocks(slot, computed);
         let r = self.requests.get_mut(slot);
         self.kv.free(&mut r.blocks);
         r.num_computed = 0;
@@ -571,7 +573,21 @@ impl Engine {
     /// Offer the request's blocks that are full once `tokens` are computed to
     /// the prefix cache (vLLM does this when it schedules them, so requests
     /// admitted in the same step can already share them).
+    ///
+    /// Only blocks within the prompt are offered here. A block holding
+    /// output tokens is unique to its request (the tokens are synthetic), so
+    /// only that request can ever find it again, after a preemption: it is
+    /// offered then (`preempt`), which has the same effect as offering it
+    /// when it fills, without hashing and indexing every output block of
+    /// every request that never needs them.
     fn register_blocks(&mut self, slot: u32, tokens: u32) {
+        let prompt_len = self.requests.get(slot).prompt_len();
+        self.offer_blocks(slot, tokens.min(prompt_len));
+    }
+
+    /// Offer every block that is full within the first `tokens` to the
+    /// prefix cache, hashing them as needed.
+    fn offer_blocks(&mut self, slot: u32, tokens: u32) {
         if !self.cfg.enable_prefix_caching {
             return;
         }

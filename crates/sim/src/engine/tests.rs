@@ -287,13 +287,18 @@ fn kv_exhaustion_during_decode_preempts_the_newest() {
 /// Total tokens computed to serve a long request A and a newer request B
 /// that is preempted when A's growth exhausts a 20-block cache.
 fn tokens_computed_with_preemption(prefix_caching: bool) -> (u64, u64) {
+    tokens_computed_with_preemption_of(prefix_caching, 64)
+}
+
+/// As above, with B's prompt `b_prompt` tokens long.
+fn tokens_computed_with_preemption_of(prefix_caching: bool, b_prompt: u32) -> (u64, u64) {
     let mut cfg = config("h100", "llama-3.1-8b");
     cfg.num_gpu_blocks_override = Some(20);
     cfg.max_model_len = 320;
     cfg.enable_prefix_caching = prefix_caching;
     let mut engine = Engine::new(cfg);
     engine.submit(0.0, request(1, synthetic_prompt(1, 16), 200));
-    engine.submit(0.0, request(2, synthetic_prompt(2, 64), 200));
+    engine.submit(0.0, request(2, synthetic_prompt(2, b_prompt), 200));
     let mut tokens = 0;
     drain(&mut engine, |e| {
         tokens += e.current_step().map_or(0, |s| u64::from(s.tokens))
@@ -310,6 +315,20 @@ fn a_preempted_request_recovers_its_prefix_from_the_cache() {
     // its recompute after A finishes skips them.
     assert!(
         with_cache + 64 <= without_cache,
+        "{with_cache} vs {without_cache}"
+    );
+}
+
+#[test]
+fn a_preempted_request_recovers_its_own_output_from_the_cache() {
+    // B's prompt is one block; it has generated well over a hundred tokens
+    // when A's growth preempts it. Its output blocks that survive A's
+    // growth are found again, so the recompute saves more than its prompt.
+    let (with_cache, preempted) = tokens_computed_with_preemption_of(true, 16);
+    let (without_cache, _) = tokens_computed_with_preemption_of(false, 16);
+    assert!(preempted > 0);
+    assert!(
+        with_cache + 16 + 64 <= without_cache,
         "{with_cache} vs {without_cache}"
     );
 }
