@@ -117,7 +117,7 @@ async fn infer(
         Ok(r) => r,
         Err(e) => return refuse(record, e),
     };
-    record.model = Some(request.model.clone());
+    record.model = Some(request.model.to_string());
     record.stream = request.stream;
 
     // 4. route
@@ -150,9 +150,8 @@ async fn infer(
     // 7. pick happens inside admission (the dispatcher picks for waiters).
     let pick = OwnedPick {
         adapter: route.adapter.clone(),
-        prefix_hashes: pool
-            .picker
-            .hash_prompt(&request.model, route.adapter.as_deref(), &request.body)
+        prefix_hashes: request
+            .prompt_hashes(route.adapter.as_deref(), &pool.picker.config().prefix)
             .into(),
         estimated_tokens: request.estimated_tokens,
         explain: state.debug.decision_headers
