@@ -281,14 +281,10 @@ async fn read_body(
     }
 }
 
+/// Drop the replica's hop-by-hop headers, in place. A streamed body is
+/// re-framed by our server; a known length stays.
 fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    let mut kept = http::HeaderMap::with_capacity(headers.len());
-    upstream::copy_headers(headers, &mut kept);
-    // A streamed body is re-framed by our server; a known length stays.
-    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
-        kept.insert(header::CONTENT_LENGTH, len.clone());
-    }
-    *headers = kept;
+    upstream::remove_hop_by_hop(headers, true);
 }
 
 fn decision_headers(
@@ -325,8 +321,9 @@ fn request_id(req: &Request<Incoming>) -> HeaderValue {
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .cloned()
         .unwrap_or_else(|| {
-            let id: u128 = rand::random();
-            HeaderValue::from_str(&format!("{id:032x}")).expect("hex is a valid header value")
+            let mut id = [0; 32];
+            trace_context::lower_hex(rand::random(), &mut id);
+            HeaderValue::from_bytes(&id).expect("hex is a valid header value")
         })
 }
 
