@@ -74,9 +74,18 @@ pub async fn handle(
                 span.clone(),
             );
             record.trace_id = Some(trace.trace_id);
-            infer(&state, worker, req, record, &request_id, &traceparent)
-                .instrument(span)
-                .await
+            // Boxed: the stages' state is kilobytes, and the request's
+            // future is moved more than once before it first runs.
+            Box::pin(infer(
+                &state,
+                worker,
+                req,
+                record,
+                &request_id,
+                &traceparent,
+            ))
+            .instrument(span)
+            .await
         }
         (_, path) if path.starts_with("/v1/") => {
             let mut r = ApiError::method_not_allowed(req.method(), path).into_response();
