@@ -74,9 +74,18 @@ pub async fn handle(
                 span.clone(),
             );
             record.trace_id = Some(trace.trace_id);
-            infer(&state, worker, req, record, &request_id, &traceparent)
-                .instrument(span)
-                .await
+            // Boxed: the stages' state is kilobytes, and the request's
+            // future is moved more than once before it first runs.
+            Box::pin(infer(
+                &state,
+                worker,
+                req,
+                record,
+                &request_id,
+                &traceparent,
+            ))
+            .instrument(span)
+            .await
         }
         (_, path) if path.starts_with("/v1/") => {
             let mut r = ApiError::method_not_allowed(req.method(), path).into_response();
@@ -117,7 +126,7 @@ async fn infer(
         Ok(r) => r,
         Err(e) => return refuse(record, e),
     };
-    record.model = Some(request.model.clone());
+    record.model = Some(request.model.to_string());
     record.stream = request.stream;
 
     // 4. route
@@ -150,9 +159,8 @@ async fn infer(
     // 7. pick happens inside admission (the dispatcher picks for waiters).
     let pick = OwnedPick {
         adapter: route.adapter.clone(),
-        prefix_hashes: pool
-            .picker
-            .hash_prompt(&request.model, route.adapter.as_deref(), &request.body)
+        prefix_hashes: request
+            .prompt_hashes(route.adapter.as_deref(), &pool.picker.config().prefix)
             .into(),
         estimated_tokens: request.estimated_tokens,
         explain: state.debug.decision_headers
@@ -282,14 +290,10 @@ async fn read_body(
     }
 }
 
+/// Drop the replica's hop-by-hop headers, in place. A streamed body is
+/// re-framed by our server; a known length stays.
 fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    let mut kept = http::HeaderMap::with_capacity(headers.len());
-    upstream::copy_headers(headers, &mut kept);
-    // A streamed body is re-framed by our server; a known length stays.
-    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
-        kept.insert(header::CONTENT_LENGTH, len.clone());
-    }
-    *headers = kept;
+    upstream::remove_hop_by_hop(headers, true);
 }
 
 fn decision_headers(
@@ -326,8 +330,9 @@ fn request_id(req: &Request<Incoming>) -> HeaderValue {
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .cloned()
         .unwrap_or_else(|| {
-            let id: u128 = rand::random();
-            HeaderValue::from_str(&format!("{id:032x}")).expect("hex is a valid header value")
+            let mut id = [0; 32];
+            trace_context::lower_hex(rand::random(), &mut id);
+            HeaderValue::from_bytes(&id).expect("hex is a valid header value")
         })
 }
 

@@ -284,7 +284,9 @@ impl Admission {
                 }
             }
         }
-        self.wait_in_line(pool_name, ticket, pick).await
+        // Boxed: the waiting path's state would otherwise be part of every
+        // request's future, which is moved several times before it runs.
+        Box::pin(self.wait_in_line(pool_name, ticket, pick)).await
     }
 
     async fn wait_in_line(

@@ -428,6 +428,9 @@ pub struct RouteMetrics {
     pool: Name,
     model: Name,
     requests: Family<RequestLabels, Counter>,
+    /// The family's 200 series, looked up on the first 200 and kept: most
+    /// requests end with it.
+    ok: std::sync::OnceLock<Counter>,
     refused: Family<RefusedLabels, Counter>,
     retries: Counter,
     queue_wait: [Histogram; 3],
@@ -455,6 +458,7 @@ impl RouteMetrics {
         };
         Self {
             requests: f.requests.clone(),
+            ok: std::sync::OnceLock::new(),
             refused: f.refused.clone(),
             retries: shared.retries.clone(),
             queue_wait: shared.queue_wait.clone(),
@@ -476,13 +480,20 @@ impl RouteMetrics {
     /// The request's final status. A lookup in the family by status code:
     /// no allocation once a code has been seen.
     pub fn count_request(&self, code: u16) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                pool: self.pool.clone(),
-                model: self.model.clone(),
-                code,
-            })
-            .inc();
+        let series = || {
+            self.requests
+                .get_or_create(&RequestLabels {
+                    pool: self.pool.clone(),
+                    model: self.model.clone(),
+                    code,
+                })
+                .clone()
+        };
+        if code == 200 {
+            self.ok.get_or_init(series).inc();
+        } else {
+            series().inc();
+        }
     }
 
     /// The gateway refused the request for `reason` (one of a fixed set).

@@ -64,7 +64,13 @@ impl TraceParent {
     }
 
     pub fn to_header(self) -> HeaderValue {
-        HeaderValue::from_str(&self.to_string()).expect("hex digits and dashes are a valid header")
+        // `00-` + 32 + `-` + 16 + `-` + 2, written without the formatter.
+        let mut out = [b'-'; 55];
+        out[..2].copy_from_slice(b"00");
+        lower_hex(self.trace_id, &mut out[3..35]);
+        lower_hex(u128::from(self.parent_id), &mut out[36..52]);
+        lower_hex(u128::from(self.flags), &mut out[53..55]);
+        HeaderValue::from_bytes(&out).expect("hex digits and dashes are a valid header")
     }
 
     fn otel_context(self) -> opentelemetry::Context {
@@ -96,6 +102,16 @@ pub struct TraceId32(pub u128);
 impl fmt::Display for TraceId32 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:032x}", self.0)
+    }
+}
+
+/// The low `out.len()` hex digits of `v`, lowercase and zero-padded, as
+/// `{:0N$x}` writes them.
+pub fn lower_hex(mut v: u128, out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for d in out.iter_mut().rev() {
+        *d = DIGITS[(v & 0xf) as usize];
+        v >>= 4;
     }
 }
 
@@ -197,6 +213,16 @@ mod tests {
         assert!(a.sampled());
         let header = a.to_header();
         assert_eq!(TraceParent::parse(header.as_bytes()), Some(a));
+        assert_eq!(header, a.to_string());
+        let small = TraceParent {
+            trace_id: 1,
+            parent_id: 0xab,
+            flags: 0,
+        };
+        assert_eq!(small.to_header(), small.to_string());
+        let mut out = [0; 32];
+        lower_hex(u128::MAX - 1, &mut out);
+        assert_eq!(out, *format!("{:032x}", u128::MAX - 1).as_bytes());
     }
 
     #[test]

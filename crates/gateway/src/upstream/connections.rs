@@ -159,7 +159,9 @@ impl Connections {
         loop {
             let (mut conn, reused) = match idle.take() {
                 Some(conn) => (conn, true),
-                None => (self.connect(addr, replica).await?, false),
+                // Boxed: connecting is rare, and its state would otherwise
+                // be part of every request's future.
+                None => (Box::pin(self.connect(addr, replica)).await?, false),
             };
             match conn.send(request(), reused).await {
                 Ok(resp) => return Ok(self.body(resp, conn, replica)),

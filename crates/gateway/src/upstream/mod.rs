@@ -50,6 +50,48 @@ pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
+/// [`copy_headers`] in place: drop hop-by-hop headers and any header the
+/// `Connection` header names, keeping the first `Content-Length` if
+/// `keep_content_length`. Allocates nothing unless a `Connection` header is
+/// present.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_content_length: bool) {
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderValue> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .cloned()
+            .collect();
+        for name in named
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+        {
+            if !(keep_content_length && name.eq_ignore_ascii_case(header::CONTENT_LENGTH.as_str()))
+            {
+                // Not a valid header name: nothing has it.
+                headers.remove(name);
+            }
+        }
+    }
+    let drop = |name: &HeaderName| {
+        is_hop_by_hop(name) && !(keep_content_length && name == header::CONTENT_LENGTH)
+    };
+    if headers.keys().any(drop) {
+        let names: Vec<HeaderName> = headers.keys().filter(|n| drop(n)).cloned().collect();
+        for name in names {
+            headers.remove(name);
+        }
+    }
+    if keep_content_length {
+        let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+        if let (Some(first), Some(_)) = (lengths.next(), lengths.next()) {
+            let first = first.clone();
+            headers.insert(header::CONTENT_LENGTH, first);
+        }
+    }
+}
+
 /// The request sent to `addr`: same method, path, query and end-to-end
 /// headers, the body byte for byte, the gateway's request id and the trace
 /// context for the replica (see [`crate::telemetry::trace_context`]).
@@ -71,6 +113,8 @@ pub fn request(
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
     let headers = req.headers_mut();
+    // Room for the request id, trace context and host added below.
+    headers.reserve(parts.headers.len() + 3);
     copy_headers(&parts.headers, headers);
     headers.insert(REQUEST_ID, request_id.clone());
     headers.insert(TRACEPARENT, traceparent.clone());
@@ -110,6 +154,57 @@ mod tests {
         copy_headers(&from, &mut to);
         assert_eq!(to.len(), 1);
         assert_eq!(to[header::AUTHORIZATION], "Bearer t");
+    }
+
+    #[test]
+    fn removing_in_place_drops_what_copying_drops() {
+        let mut from = HeaderMap::new();
+        from.append(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret, Content-Length"),
+        );
+        from.append(header::CONNECTION, HeaderValue::from_static("X-Other, ,"));
+        from.insert("x-secret", HeaderValue::from_static("1"));
+        from.insert("x-other", HeaderValue::from_static("2"));
+        from.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        from.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        from.insert(header::SERVER, HeaderValue::from_static("nginx"));
+        from.append(header::SET_COOKIE, HeaderValue::from_static("a=1"));
+        from.append(header::SET_COOKIE, HeaderValue::from_static("b=2"));
+        from.append(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
+        from.append(header::CONTENT_LENGTH, HeaderValue::from_static("13"));
+        from.insert(header::HOST, HeaderValue::from_static("gw"));
+        let sorted = |h: &HeaderMap| {
+            let mut all: Vec<(String, Vec<Vec<u8>>)> = h
+                .keys()
+                .map(|k| {
+                    let values = h.get_all(k).iter().map(|v| v.as_bytes().to_vec()).collect();
+                    (k.to_string(), values)
+                })
+                .collect();
+            all.sort();
+            all
+        };
+        for keep_content_length in [false, true] {
+            let mut copied = HeaderMap::new();
+            copy_headers(&from, &mut copied);
+            if keep_content_length {
+                let len = from.get(header::CONTENT_LENGTH).unwrap().clone();
+                copied.insert(header::CONTENT_LENGTH, len);
+            }
+            let mut in_place = from.clone();
+            remove_hop_by_hop(&mut in_place, keep_content_length);
+            assert_eq!(sorted(&in_place), sorted(&copied));
+        }
+        let mut plain = HeaderMap::new();
+        plain.insert(header::SERVER, HeaderValue::from_static("nginx"));
+        plain.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        let before = plain.clone();
+        remove_hop_by_hop(&mut plain, true);
+        assert_eq!(plain, before);
     }
 
     #[test]
