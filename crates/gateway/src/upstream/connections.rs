@@ -69,11 +69,18 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Shorter than the keep-alive timeout of the servers behind us (5 s in
+    /// uvicorn, which serves vLLM and SGLang, and in llama.cpp's server), so
+    /// the gateway closes an idle connection
+    /// before the replica does. The other way round, a request can cross the
+    /// replica's close on the wire and must be sent again.
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
     pub fn new(protocol: config::Protocol, connect_timeout: Duration) -> Self {
         Self {
             protocol,
             connect_timeout,
-            idle_timeout: Duration::from_secs(90),
+            idle_timeout: Self::IDLE_TIMEOUT,
             keepalive: Duration::from_secs(60),
         }
     }
