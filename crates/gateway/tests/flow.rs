@@ -10,7 +10,9 @@ use std::time::Duration;
 use gateway::Gateway;
 use serde_json::{Value, json};
 use support::exposition::scrape;
-use support::{Behaviour, FakeReplica, client, config, idle_vllm_metrics, vllm_metrics};
+use support::{
+    Behaviour, FakeReplica, MetricsFault, client, config, idle_vllm_metrics, vllm_metrics,
+};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -57,6 +59,17 @@ async fn saturate(gw: &Gateway, replica: &FakeReplica) {
 
 fn release(replica: &FakeReplica) {
     replica.set_metrics(&idle_vllm_metrics());
+}
+
+/// [`release`], seen by exactly one scrape. Requests sent since an
+/// observation count as waiting, so with `queueDepth: 1` the dispatcher
+/// then hands out one request at a time, each after the previous one has
+/// been answered, and their arrival order at the replica is the dispatch
+/// order. (A later scrape of an idle replica would let requests still in
+/// flight be dispatched side by side, and race.)
+fn release_for_one_scrape(replica: &FakeReplica) {
+    release(replica);
+    replica.set_metrics_fault(MetricsFault::OnceThenHang);
 }
 
 async fn queued(gw: &Gateway, want: [usize; 3]) {
@@ -119,7 +132,7 @@ async fn critical_overtakes_waiting_standard_requests() {
     }
     waiting.push(send(&gw, "c0", Some("critical"), None));
     queued(&gw, [1, 3, 0]).await;
-    release(&replica);
+    release_for_one_scrape(&replica);
     for r in waiting {
         assert_eq!(r.await.unwrap().status(), 200);
     }
@@ -176,7 +189,7 @@ async fn fairness_keys_alternate_while_both_are_backlogged() {
         waiting.push(send(&gw, &format!("b{i}"), None, Some("tenant-b")));
     }
     queued(&gw, [0, 22, 0]).await;
-    release(&replica);
+    release_for_one_scrape(&replica);
     for r in waiting {
         assert_eq!(r.await.unwrap().status(), 200);
     }

@@ -55,6 +55,9 @@ pub enum MetricsFault {
     Hang,
     /// Answer 503.
     Unavailable,
+    /// Answer the next scrape as [`MetricsFault::None`] would, then hang
+    /// as [`MetricsFault::Hang`]: the gateway keeps that one observation.
+    OnceThenHang,
 }
 
 pub struct FakeReplica {
@@ -248,6 +251,10 @@ impl Ctx {
             let fault = *self.fault.lock();
             match fault {
                 MetricsFault::None => return full(StatusCode::OK, self.metrics.lock().clone()),
+                MetricsFault::OnceThenHang => {
+                    *self.fault.lock() = MetricsFault::Hang;
+                    return full(StatusCode::OK, self.metrics.lock().clone());
+                }
                 MetricsFault::Unavailable => {
                     return full(
                         StatusCode::SERVICE_UNAVAILABLE,
