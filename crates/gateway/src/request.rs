@@ -12,8 +12,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use picker::PromptHasher;
 use picker::policy::PrefixConfig;
+use picker::{PromptHasher, PromptValue};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -77,7 +77,7 @@ impl<'a> InferenceRequest<'a> {
     /// [`picker::prompt_hashes`] makes them from the whole body.
     pub fn prompt_hashes(&self, adapter: Option<&str>, config: &PrefixConfig) -> Vec<u64> {
         let mut hasher = PromptHasher::new(&self.model, adapter, config);
-        self.prompt.feed(&mut hasher);
+        hasher.feed_prompt_fields(self.prompt.messages.as_ref(), self.prompt.prompt.as_ref());
         hasher.finish()
     }
 }
@@ -101,15 +101,14 @@ enum Json<'a> {
     U64(u64),
     Bool(bool),
     Array(Vec<Json<'a>>),
-    /// Members in body order, duplicates included; see [`Json::get`].
+    /// Members in body order, duplicates included; see its `PromptValue::get`.
     Object(Vec<(Cow<'a, str>, Json<'a>)>),
     Other,
 }
 
-impl<'a> Json<'a> {
-    /// The member named `key`; with duplicates the last one, as in a parsed
-    /// [`Value`].
-    fn get(&self, key: &str) -> Option<&Json<'a>> {
+impl PromptValue for Json<'_> {
+    /// With duplicates the last one, as in a parsed [`Value`].
+    fn get(&self, key: &str) -> Option<&Self> {
         match self {
             Json::Object(members) => members.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
             _ => None,
@@ -123,11 +122,38 @@ impl<'a> Json<'a> {
         }
     }
 
-    fn as_array(&self) -> Option<&[Json<'a>]> {
+    fn as_array(&self) -> Option<&[Self]> {
         match self {
             Json::Array(items) => Some(items),
             _ => None,
         }
+    }
+
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            Json::U64(n) => Some(*n),
+            _ => None,
+        }
+    }
+
+    /// As a parsed [`Value`] holds them: in key order, the last of
+    /// repeated keys.
+    fn for_each_str_member(&self, mut f: impl FnMut(&str)) {
+        let Json::Object(members) = self else {
+            return;
+        };
+        let mut values: Vec<(&str, &Self)> = Vec::with_capacity(members.len());
+        for (key, value) in members {
+            match values.iter_mut().find(|(k, _)| *k == &**key) {
+                Some(slot) => slot.1 = value,
+                None => values.push((key, value)),
+            }
+        }
+        values.sort_by(|a, b| a.0.cmp(b.0));
+        values
+            .into_iter()
+            .filter_map(|(_, v)| v.as_str())
+            .for_each(&mut f);
     }
 }
 
@@ -381,130 +407,6 @@ impl<'de> DeserializeSeed<'de> for SkipSeed<Skip> {
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         Skip::deserialize(d).map(|Skip| ())
     }
-}
-
-// Prefix hashing: the same byte stream as `PromptHasher::feed_body` makes of
-// a parsed body (tests compare the two on many bodies).
-
-/// Separates a message's role from its content in the hashed stream.
-const FIELD_SEPARATOR: &[u8] = &[0x1f];
-/// Ends a message (or one prompt of a prompt array).
-const RECORD_SEPARATOR: &[u8] = &[0x1e];
-
-impl Prompt<'_> {
-    /// Chat `messages` if an array, else the completion `prompt`.
-    fn feed(&self, h: &mut PromptHasher) {
-        if let Some(messages) = self.messages.as_ref().and_then(Json::as_array) {
-            for message in messages {
-                if h.is_full() {
-                    break;
-                }
-                feed_message(h, message);
-            }
-        } else if let Some(prompt) = &self.prompt {
-            feed_prompt(h, prompt);
-        }
-    }
-}
-
-fn feed_message(h: &mut PromptHasher, message: &Json<'_>) {
-    if let Some(role) = message.get("role").and_then(Json::as_str) {
-        h.feed(role.as_bytes());
-    }
-    h.feed(FIELD_SEPARATOR);
-    match message.get("content") {
-        Some(Json::Str(text)) => h.feed(text.as_bytes()),
-        Some(Json::Array(parts)) => {
-            for part in parts {
-                feed_content_part(h, part);
-            }
-        }
-        _ => {}
-    }
-    if let Some(calls) = message.get("tool_calls").and_then(Json::as_array) {
-        for call in calls {
-            if let Some(function) = call.get("function") {
-                for field in ["name", "arguments"] {
-                    if let Some(text) = function.get(field).and_then(Json::as_str) {
-                        h.feed(FIELD_SEPARATOR);
-                        h.feed(text.as_bytes());
-                    }
-                }
-            }
-        }
-    }
-    h.feed(RECORD_SEPARATOR);
-}
-
-fn feed_content_part(h: &mut PromptHasher, part: &Json<'_>) {
-    let kind = part.get("type").and_then(Json::as_str).unwrap_or("");
-    if kind == "text" {
-        if let Some(text) = part.get("text").and_then(Json::as_str) {
-            h.feed(text.as_bytes());
-        }
-        return;
-    }
-    h.feed(FIELD_SEPARATOR);
-    h.feed(kind.as_bytes());
-    match part.get(kind) {
-        Some(Json::Str(payload)) => feed_digest(h, payload),
-        Some(Json::Object(members)) => {
-            // A parsed object's values come in key order, one per key.
-            let mut values: Vec<(&str, &Json<'_>)> = Vec::with_capacity(members.len());
-            for (key, value) in members {
-                match values.iter_mut().find(|(k, _)| *k == &**key) {
-                    Some(slot) => slot.1 = value,
-                    None => values.push((key, value)),
-                }
-            }
-            values.sort_by(|a, b| a.0.cmp(b.0));
-            for (_, value) in values {
-                if let Json::Str(payload) = value {
-                    feed_digest(h, payload);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-fn feed_digest(h: &mut PromptHasher, payload: &str) {
-    h.feed(&xxhash_rust::xxh3::xxh3_64(payload.as_bytes()).to_le_bytes());
-}
-
-fn feed_prompt(h: &mut PromptHasher, prompt: &Json<'_>) {
-    match prompt {
-        Json::Str(text) => h.feed(text.as_bytes()),
-        Json::Array(items) => {
-            for item in items {
-                if h.is_full() {
-                    break;
-                }
-                match item {
-                    Json::Str(text) => {
-                        h.feed(text.as_bytes());
-                        h.feed(RECORD_SEPARATOR);
-                    }
-                    Json::U64(id) => feed_token(h, *id),
-                    Json::Array(tokens) => {
-                        for token in tokens {
-                            if let Json::U64(id) = token {
-                                feed_token(h, *id);
-                            }
-                        }
-                        h.feed(RECORD_SEPARATOR);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Token ids: 4 bytes each, like ~4 characters of text.
-fn feed_token(h: &mut PromptHasher, id: u64) {
-    h.feed(&(id as u32).to_le_bytes());
 }
 
 #[cfg(test)]

@@ -31,5 +31,5 @@ pub use policy::{
     Fallback, InflightTolerance, PickerConfig, Policy, PrefixConfig, Saturation, Weights,
 };
 pub use pool::{Decision, PickError, PickRequest, Pool};
-pub use prefix::{PrefixIndex, PromptHasher, prompt_hashes};
+pub use prefix::{PrefixIndex, PromptHasher, PromptValue, prompt_hashes};
 pub use scorers::{LoraFit, Scorer, Signals};

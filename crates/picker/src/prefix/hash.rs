@@ -33,6 +33,41 @@ pub fn chain_seed(model: &str, adapter: Option<&str>) -> u64 {
     }
 }
 
+/// A JSON value as the prompt walk reads it. Implemented for a parsed
+/// [`Value`]; the gateway implements it for its borrowed, partial parse of
+/// a request body, so both hash the same prompt to the same chain.
+pub trait PromptValue: Sized {
+    /// The member named `key` of an object (the last one, if repeated).
+    fn get(&self, key: &str) -> Option<&Self>;
+    fn as_str(&self) -> Option<&str>;
+    fn as_array(&self) -> Option<&[Self]>;
+    /// A non-negative integer.
+    fn as_u64(&self) -> Option<u64>;
+    /// Call `f` with each string member value of an object, in key order,
+    /// one per key.
+    fn for_each_str_member(&self, f: impl FnMut(&str));
+}
+
+impl PromptValue for Value {
+    fn get(&self, key: &str) -> Option<&Self> {
+        Value::get(self, key)
+    }
+    fn as_str(&self) -> Option<&str> {
+        Value::as_str(self)
+    }
+    fn as_array(&self) -> Option<&[Self]> {
+        Value::as_array(self).map(Vec::as_slice)
+    }
+    fn as_u64(&self) -> Option<u64> {
+        Value::as_u64(self)
+    }
+    fn for_each_str_member(&self, mut f: impl FnMut(&str)) {
+        if let Value::Object(fields) = self {
+            fields.values().filter_map(Value::as_str).for_each(&mut f);
+        }
+    }
+}
+
 /// Streams prompt bytes into chained block hashes. Feed the prompt in any
 /// number of pieces; the result depends only on the concatenation. It
 /// allocates the output and one block buffer, never per block.
@@ -104,7 +139,18 @@ impl PromptHasher {
     /// Append the prompt of an OpenAI-style request body: chat `messages` or
     /// completion `prompt`. Returns false when the body has neither.
     pub fn feed_body(&mut self, body: &Value) -> bool {
-        if let Some(messages) = body.get("messages").and_then(Value::as_array) {
+        self.feed_prompt_fields(body.get("messages"), body.get("prompt"))
+    }
+
+    /// [`PromptHasher::feed_body`] from the body's `messages` and `prompt`
+    /// fields, of any JSON representation: chat `messages` if an array,
+    /// else the completion `prompt`. Returns false when there is neither.
+    pub fn feed_prompt_fields<V: PromptValue>(
+        &mut self,
+        messages: Option<&V>,
+        prompt: Option<&V>,
+    ) -> bool {
+        if let Some(messages) = messages.and_then(V::as_array) {
             for message in messages {
                 if self.is_full() {
                     break;
@@ -112,7 +158,7 @@ impl PromptHasher {
                 self.feed_message(message);
             }
             true
-        } else if let Some(prompt) = body.get("prompt") {
+        } else if let Some(prompt) = prompt {
             self.feed_prompt(prompt);
             true
         } else {
@@ -120,27 +166,27 @@ impl PromptHasher {
         }
     }
 
-    fn feed_message(&mut self, message: &Value) {
-        if let Some(role) = message.get("role").and_then(Value::as_str) {
+    fn feed_message<V: PromptValue>(&mut self, message: &V) {
+        if let Some(role) = message.get("role").and_then(V::as_str) {
             self.feed(role.as_bytes());
         }
         self.feed(FIELD_SEPARATOR);
-        match message.get("content") {
-            Some(Value::String(text)) => self.feed(text.as_bytes()),
-            Some(Value::Array(parts)) => {
+        if let Some(content) = message.get("content") {
+            if let Some(text) = content.as_str() {
+                self.feed(text.as_bytes());
+            } else if let Some(parts) = content.as_array() {
                 for part in parts {
                     self.feed_content_part(part);
                 }
             }
-            _ => {}
         }
         // Assistant turns that called tools carry their text here; it is
         // part of the conversation the next turn resends.
-        if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+        if let Some(calls) = message.get("tool_calls").and_then(V::as_array) {
             for call in calls {
                 if let Some(function) = call.get("function") {
                     for field in ["name", "arguments"] {
-                        if let Some(text) = function.get(field).and_then(Value::as_str) {
+                        if let Some(text) = function.get(field).and_then(V::as_str) {
                             self.feed(FIELD_SEPARATOR);
                             self.feed(text.as_bytes());
                         }
@@ -151,10 +197,10 @@ impl PromptHasher {
         self.feed(RECORD_SEPARATOR);
     }
 
-    fn feed_content_part(&mut self, part: &Value) {
-        let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+    fn feed_content_part<V: PromptValue>(&mut self, part: &V) {
+        let kind = part.get("type").and_then(V::as_str).unwrap_or("");
         if kind == "text" {
-            if let Some(text) = part.get("text").and_then(Value::as_str) {
+            if let Some(text) = part.get("text").and_then(V::as_str) {
                 self.feed(text.as_bytes());
             }
             return;
@@ -164,16 +210,11 @@ impl PromptHasher {
         // media still match and a data URL does not flood the stream.
         self.feed(FIELD_SEPARATOR);
         self.feed(kind.as_bytes());
-        match part.get(kind) {
-            Some(Value::String(payload)) => self.feed_digest(payload),
-            Some(Value::Object(fields)) => {
-                for value in fields.values() {
-                    if let Value::String(payload) = value {
-                        self.feed_digest(payload);
-                    }
-                }
+        if let Some(payload) = part.get(kind) {
+            match payload.as_str() {
+                Some(text) => self.feed_digest(text),
+                None => payload.for_each_str_member(|text| self.feed_digest(text)),
             }
-            _ => {}
         }
     }
 
@@ -181,39 +222,35 @@ impl PromptHasher {
         self.feed(&xxh3_64(payload.as_bytes()).to_le_bytes());
     }
 
-    fn feed_prompt(&mut self, prompt: &Value) {
-        match prompt {
-            Value::String(text) => self.feed(text.as_bytes()),
-            Value::Array(items) => {
-                for item in items {
-                    if self.is_full() {
-                        break;
-                    }
-                    match item {
-                        Value::String(text) => {
-                            self.feed(text.as_bytes());
-                            self.feed(RECORD_SEPARATOR);
-                        }
-                        // Token ids: 4 bytes each, like ~4 characters of text.
-                        Value::Number(_) => self.feed_token(item),
-                        Value::Array(tokens) => {
-                            for token in tokens {
-                                self.feed_token(token);
-                            }
-                            self.feed(RECORD_SEPARATOR);
-                        }
-                        _ => {}
-                    }
-                }
+    fn feed_prompt<V: PromptValue>(&mut self, prompt: &V) {
+        if let Some(text) = prompt.as_str() {
+            self.feed(text.as_bytes());
+            return;
+        }
+        let Some(items) = prompt.as_array() else {
+            return;
+        };
+        for item in items {
+            if self.is_full() {
+                break;
             }
-            _ => {}
+            if let Some(text) = item.as_str() {
+                self.feed(text.as_bytes());
+                self.feed(RECORD_SEPARATOR);
+            } else if let Some(id) = item.as_u64() {
+                self.feed_token(id);
+            } else if let Some(tokens) = item.as_array() {
+                for id in tokens.iter().filter_map(V::as_u64) {
+                    self.feed_token(id);
+                }
+                self.feed(RECORD_SEPARATOR);
+            }
         }
     }
 
-    fn feed_token(&mut self, token: &Value) {
-        if let Some(id) = token.as_u64() {
-            self.feed(&(id as u32).to_le_bytes());
-        }
+    /// Token ids: 4 bytes each, like ~4 characters of text.
+    fn feed_token(&mut self, id: u64) {
+        self.feed(&(id as u32).to_le_bytes());
     }
 
     /// The chained hashes of every complete block, in prompt order.

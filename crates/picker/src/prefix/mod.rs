@@ -10,5 +10,5 @@ mod hash;
 mod index;
 mod lru;
 
-pub use hash::{PromptHasher, chain_seed, prompt_hashes};
+pub use hash::{PromptHasher, PromptValue, chain_seed, prompt_hashes};
 pub use index::{MatchScratch, PrefixIndex};
