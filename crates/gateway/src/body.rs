@@ -118,7 +118,7 @@ impl ProxiedBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 self.record.on_error(&e.to_string());
-                Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Ready(None) => {
                 self.record.on_end();

@@ -198,20 +198,15 @@ async fn infer(
                 "no replica has fresh metrics; picked by least-request");
         }
 
-        // A closure: a reused connection found closed gets the request anew.
-        let upstream_req = || {
-            upstream::request(
-                &parts,
-                &endpoint.addr,
-                pool.spec.protocol,
-                body.clone(),
-                request_id,
-                traceparent,
-            )
+        let outgoing = upstream::Outgoing {
+            parts: &parts,
+            body: &body,
+            request_id,
+            traceparent,
         };
         let sent = tokio::time::timeout(
             state.timeouts.first_byte(),
-            pool.connections(worker).send(&endpoint.addr, upstream_req),
+            pool.connections(worker).send(&endpoint.addr, &outgoing),
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;

@@ -1,19 +1,20 @@
 //! Connections from one worker to the replicas of one pool.
 //!
 //! Each worker thread has its own [`Connections`] per pool, and a connection
-//! is only ever used by the worker that opened it: its task runs on that
-//! worker's runtime, and so do the requests sent over it. That is why this
-//! is not hyper-util's pooled client: that client shares one pool between
-//! all its clones behind a lock, hashes a scheme-and-authority key, and
-//! spawns a task per request that waits for the connection to be ready
-//! again before handing it back. Here a request takes an idle connection,
-//! sends on it, and the response body hands the connection back when it has
-//! been read to its end — no task per request. (The hop to the connection's
-//! own task and back remains: that is how hyper's connection API works.)
-//! The pool is behind a mutex only because the pipeline's futures must be
-//! `Send` (hyper's server connections run as spawned tasks); one thread
-//! uses it, so the lock is never contended: taking a connection and handing
-//! it back cost one uncontended lock each.
+//! is only ever used by the worker that opened it, by the requests that
+//! worker serves. That is why this is not hyper-util's pooled client: that
+//! client shares one pool between all its clones behind a lock, hashes a
+//! scheme-and-authority key, and spawns a task per request that waits for
+//! the connection to be ready again before handing it back. Here a request
+//! takes an idle connection, sends on it, and the response body hands the
+//! connection back when it has been read to its end — no task per request.
+//! HTTP/1.1 connections are the gateway's own ([`super::http1`]): the
+//! request's task writes the request and reads the response itself, so
+//! there is no task per connection either. The pool is behind a mutex only
+//! because the pipeline's futures must be `Send` (hyper's server
+//! connections run as spawned tasks); one thread uses it, so the lock is
+//! never contended: taking a connection and handing it back cost one
+//! uncontended lock each.
 //!
 //! - **HTTP/1.1**: a connection carries one request at a time. Idle
 //!   connections are reused most recently used first, so under a light load
@@ -22,11 +23,12 @@
 //!   error) drops its connection instead of returning it: the replica sees
 //!   the connection close and stops generating.
 //! - **h2c**: requests to a replica share one connection, multiplexed;
-//!   nothing is checked out or returned.
+//!   nothing is checked out or returned. hyper runs it, as a task.
 //! - **Replica closed it**: a replica may close an idle connection at any
 //!   time (its keep-alive timeout). A closed connection is skipped when
-//!   taking one; and a request that fails on a reused connection before any
-//!   response byte — the close crossed the request on the wire — is sent
+//!   taking one (an idle socket that turned readable has been closed); and
+//!   a request that fails on a reused connection before any response
+//!   byte — the close crossed the request on the wire — is sent
 //!   again once on a fresh connection, so a stale connection never costs
 //!   the client a failure. A fresh connection's failure goes back to the
 //!   caller, which may try another replica.
@@ -45,17 +47,20 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body::{Body as _, Frame, SizeHint};
+use http::Response;
+use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-type SendRequest1 = http1::SendRequest<Full<Bytes>>;
+use super::Outgoing;
+use super::http1::{self, Connection, Decoder};
+use crate::body::BoxError;
+
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
 
 #[derive(Debug, Clone)]
@@ -110,14 +115,14 @@ struct State {
 struct Replica {
     /// HTTP/1.1 connections waiting for a request, least recently used
     /// first.
-    idle: VecDeque<Idle<SendRequest1>>,
+    idle: VecDeque<Idle<Connection>>,
     /// h2c connections, each shared by any number of requests; the last is
     /// the one in use.
     shared: Vec<Idle<SendRequest2>>,
 }
 
-struct Idle<S> {
-    sender: S,
+struct Idle<C> {
+    conn: C,
     /// Since when it has been idle (HTTP/1.1) or last used (h2c).
     since: Instant,
 }
@@ -131,16 +136,29 @@ pub enum Error {
     },
     #[error("connecting to {addr} took longer than {timeout:?}")]
     ConnectTimeout { addr: String, timeout: Duration },
-    #[error("HTTP handshake with {addr} failed: {source}")]
+    #[error("HTTP/2 handshake with {addr} failed: {source}")]
     Handshake { addr: String, source: hyper::Error },
+    #[error(transparent)]
+    Http1(http1::Error),
     #[error("{0}")]
-    Request(#[source] hyper::Error),
+    Http2(#[source] hyper::Error),
 }
 
 impl Error {
     /// The replica could not be reached at all: no connection was made.
     pub fn is_connect(&self) -> bool {
-        !matches!(self, Error::Request(_))
+        !matches!(self, Error::Http1(_) | Error::Http2(_))
+    }
+
+    /// The replica closed the connection (or it was found closed) before
+    /// any response byte: the request may be sent again on a fresh
+    /// connection.
+    fn is_stale(&self) -> bool {
+        match self {
+            Error::Http1(e) => e.is_stale(),
+            Error::Http2(e) => is_stale_h2(e),
+            _ => false,
+        }
     }
 }
 
@@ -154,29 +172,61 @@ impl Connections {
         }
     }
 
-    /// Send the request that `request` makes to the replica at `addr`, on
-    /// an idle connection if there is one. `request` is called again only
-    /// if a reused connection turned out closed before answering.
-    pub async fn send(
-        &self,
-        addr: &str,
-        request: impl Fn() -> Request<Full<Bytes>>,
-    ) -> Result<Response<Body>, Error> {
+    /// Send `request` to the replica at `addr`, on an idle connection if
+    /// there is one. It is sent again, once, on a fresh connection if a
+    /// reused one turned out closed before answering.
+    pub async fn send(&self, addr: &str, request: &Outgoing<'_>) -> Result<Response<Body>, Error> {
         let (replica, mut idle) = self.shared.take(addr);
         loop {
-            let (mut conn, reused) = match idle.take() {
+            let (conn, reused) = match idle.take() {
                 Some(conn) => (conn, true),
                 // Boxed: connecting is rare, and its state would otherwise
                 // be part of every request's future.
                 None => (Box::pin(self.connect(addr, replica)).await?, false),
             };
-            match conn.send(request(), reused).await {
-                Ok(resp) => return Ok(self.body(resp, conn, replica)),
+            match self.send_on(conn, addr, request, replica).await {
+                Ok(resp) => return Ok(resp),
                 // Once: `idle` is empty now, so the next try connects.
-                Err(e) if reused && is_stale(&e) => {
+                Err(e) if reused && e.is_stale() => {
                     tracing::debug!(%addr, error = %e, "reused connection was closed; sending on a fresh one");
                 }
-                Err(e) => return Err(Error::Request(e)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The response, whose body hands an HTTP/1.1 connection back once read
+    /// to its end (at once when it has none).
+    async fn send_on(
+        &self,
+        conn: Conn,
+        addr: &str,
+        request: &Outgoing<'_>,
+        replica: usize,
+    ) -> Result<Response<Body>, Error> {
+        match conn {
+            Conn::H1(mut conn) => {
+                let head = request.http1_head(addr);
+                let head = conn.send(&head, request.body).await.map_err(Error::Http1)?;
+                let reuse = head.keep_alive.then(|| Reuse {
+                    shared: Arc::clone(&self.shared),
+                    replica,
+                });
+                let mut body = Body::H1 {
+                    conn: Some(conn),
+                    decoder: head.decoder,
+                    reuse,
+                };
+                body.hand_back_if_done();
+                Ok(Response::from_parts(head.parts, body))
+            }
+            Conn::H2(mut sender) => {
+                let resp = sender
+                    .send_request(request.http2(addr))
+                    .await
+                    .map_err(Error::Http2)?;
+                let (head, inner) = resp.into_parts();
+                Ok(Response::from_parts(head, Body::H2(inner)))
             }
         }
     }
@@ -189,28 +239,6 @@ impl Connections {
             .index
             .get(addr)
             .map_or(0, |&i| state.replicas[i].idle.len())
-    }
-
-    /// The response, whose body hands an HTTP/1.1 connection back once read
-    /// to its end (at once when it has none).
-    fn body(&self, resp: Response<Incoming>, conn: Conn, replica: usize) -> Response<Body> {
-        let keep_alive = keep_alive(&resp);
-        let (head, inner) = resp.into_parts();
-        let mut body = Body {
-            inner,
-            reuse: match conn {
-                Conn::H1(sender) if keep_alive => Some(Reuse {
-                    shared: Arc::clone(&self.shared),
-                    replica,
-                    sender,
-                }),
-                _ => None,
-            },
-        };
-        if body.inner.is_end_stream() {
-            body.done();
-        }
-        Response::from_parts(head, body)
     }
 
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
@@ -229,21 +257,15 @@ impl Connections {
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new().with_time(settings.keepalive);
         let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        let io = TokioIo::new(stream);
-        let handshake = |source| Error::Handshake {
-            addr: addr.to_owned(),
-            source,
-        };
         match settings.protocol {
-            config::Protocol::Http1 => {
-                let (sender, conn) = http1::handshake(io).await.map_err(handshake)?;
-                tokio::spawn(drive(conn));
-                Ok(Conn::H1(sender))
-            }
+            config::Protocol::Http1 => Ok(Conn::H1(Connection::new(stream))),
             config::Protocol::H2c => {
-                let (sender, conn) = http2::handshake(TokioExecutor::new(), io)
+                let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                     .await
-                    .map_err(handshake)?;
+                    .map_err(|source| Error::Handshake {
+                        addr: addr.to_owned(),
+                        source,
+                    })?;
                 tokio::spawn(drive(conn));
                 self.shared.share(replica, sender.clone());
                 Ok(Conn::H2(sender))
@@ -252,7 +274,7 @@ impl Connections {
     }
 }
 
-/// Run a connection until it closes; the replica's side of any error is
+/// Run an h2c connection until it closes; the replica's side of any error is
 /// seen by the request that was using it.
 async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
     if let Err(e) = conn.await {
@@ -262,34 +284,13 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
 
 /// A connection taken for one request.
 enum Conn {
-    H1(SendRequest1),
+    H1(Connection),
     H2(SendRequest2),
 }
 
-impl Conn {
-    async fn send(
-        &mut self,
-        req: Request<Full<Bytes>>,
-        reused: bool,
-    ) -> hyper::Result<Response<Incoming>> {
-        match self {
-            Conn::H1(sender) => {
-                // A connection handed back as its response ended may not
-                // have taken note of the end yet; a closed one fails here.
-                // A new one takes its first request before it is polled.
-                if reused {
-                    sender.ready().await?;
-                }
-                sender.send_request(req).await
-            }
-            Conn::H2(sender) => sender.send_request(req).await,
-        }
-    }
-}
-
-/// The replica closed the connection (or it was found closed) before any
-/// response byte: the request may be sent again on a fresh connection.
-fn is_stale(e: &hyper::Error) -> bool {
+/// An HTTP/2 request that failed before any response byte because the
+/// connection was closed under it.
+fn is_stale_h2(e: &hyper::Error) -> bool {
     use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
     e.is_canceled()
         || e.is_closed()
@@ -297,17 +298,6 @@ fn is_stale(e: &hyper::Error) -> bool {
         || std::error::Error::source(e)
             .and_then(|s| s.downcast_ref::<std::io::Error>())
             .is_some_and(|io| matches!(io.kind(), ConnectionReset | BrokenPipe | ConnectionAborted))
-}
-
-/// Whether an HTTP/1.1 connection may carry another request after this
-/// response.
-fn keep_alive(resp: &Response<Incoming>) -> bool {
-    resp.version() == http::Version::HTTP_11
-        && !resp
-            .headers()
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
 }
 
 impl Shared {
@@ -328,16 +318,19 @@ impl Shared {
         let conn = match self.settings.protocol {
             config::Protocol::Http1 => loop {
                 match r.idle.pop_back() {
-                    Some(idle) if idle.sender.is_closed() => continue,
-                    Some(idle) => break Some(Conn::H1(idle.sender)),
+                    Some(mut idle) => {
+                        if !idle.conn.is_closed() {
+                            break Some(Conn::H1(idle.conn));
+                        }
+                    }
                     None => break None,
                 }
             },
             config::Protocol::H2c => loop {
                 match r.shared.last_mut() {
-                    Some(last) if last.sender.is_ready() => {
+                    Some(last) if last.conn.is_ready() => {
                         last.since = Instant::now();
-                        break Some(Conn::H2(last.sender.clone()));
+                        break Some(Conn::H2(last.conn.clone()));
                     }
                     Some(_) => drop(r.shared.pop()),
                     None => break None,
@@ -350,22 +343,20 @@ impl Shared {
     fn share(self: &Arc<Self>, replica: usize, sender: SendRequest2) {
         let now = Instant::now();
         let mut state = self.state.lock();
-        state.replicas[replica]
-            .shared
-            .push(Idle { sender, since: now });
+        state.replicas[replica].shared.push(Idle {
+            conn: sender,
+            since: now,
+        });
         self.arm_reaper(&mut state, now);
     }
 
     /// An HTTP/1.1 connection whose response was read to its end.
-    fn put_back(self: &Arc<Self>, replica: usize, sender: SendRequest1) {
-        if sender.is_closed() {
-            return;
-        }
+    fn put_back(self: &Arc<Self>, replica: usize, conn: Connection) {
         let now = Instant::now();
         let mut state = self.state.lock();
         state.replicas[replica]
             .idle
-            .push_back(Idle { sender, since: now });
+            .push_back(Idle { conn, since: now });
         self.arm_reaper(&mut state, now);
     }
 
@@ -397,13 +388,13 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
         for r in &mut state.replicas {
             while r
                 .idle
-                .front()
-                .is_some_and(|i| i.since + timeout <= now || i.sender.is_closed())
+                .front_mut()
+                .is_some_and(|i| i.since + timeout <= now || i.conn.is_closed())
             {
-                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.sender)));
+                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn)));
             }
             r.shared
-                .retain(|i| i.since + timeout > now && !i.sender.is_closed());
+                .retain(|i| i.since + timeout > now && !i.conn.is_closed());
             let oldest = r
                 .idle
                 .front()
@@ -423,7 +414,7 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
             }
         }
         drop(state);
-        // Closing happens as the senders drop, outside the lock.
+        // Closing happens as the connections drop, outside the lock.
         drop(expired);
     }
 }
@@ -431,58 +422,97 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
 /// A replica's response body. Read to its end, it hands its HTTP/1.1
 /// connection back to the pool; dropped before, it drops the connection,
 /// which closes it.
-pub struct Body {
-    inner: Incoming,
-    reuse: Option<Reuse>,
+pub enum Body {
+    H1 {
+        /// `None` once handed back.
+        conn: Option<Connection>,
+        decoder: Decoder,
+        /// Where the connection goes back to, if it may carry another
+        /// request.
+        reuse: Option<Reuse>,
+    },
+    H2(Incoming),
 }
 
-struct Reuse {
+pub struct Reuse {
     shared: Arc<Shared>,
     replica: usize,
-    sender: SendRequest1,
 }
 
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Body")
-            .field("returns_connection", &self.reuse.is_some())
-            .finish()
+        match self {
+            Body::H1 { reuse, .. } => f
+                .debug_struct("Body::H1")
+                .field("returns_connection", &reuse.is_some())
+                .finish(),
+            Body::H2(_) => f.write_str("Body::H2"),
+        }
     }
 }
 
 impl Body {
-    fn done(&mut self) {
-        if let Some(r) = self.reuse.take() {
-            r.shared.put_back(r.replica, r.sender);
+    /// Once the body has been read to its end, its connection goes back to
+    /// the pool (if it may carry another request and nothing unasked-for
+    /// followed the response).
+    fn hand_back_if_done(&mut self) {
+        if let Body::H1 {
+            conn,
+            decoder,
+            reuse,
+        } = self
+            && decoder.is_end()
+            && let Some(c) = conn.take_if(|c| c.is_drained())
+            && let Some(r) = reuse.take()
+        {
+            r.shared.put_back(r.replica, c);
         }
     }
 }
 
 impl http_body::Body for Body {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        match &frame {
-            // A body of known length is not polled past its last byte.
-            Some(Ok(_)) if self.inner.is_end_stream() => self.done(),
-            Some(Ok(_)) => {}
-            Some(Err(_)) => self.reuse = None,
-            None => self.done(),
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut *self {
+            Body::H1 {
+                conn: Some(conn),
+                decoder,
+                reuse,
+            } => {
+                let data = ready!(conn.poll_data(decoder, cx));
+                if let Some(Err(_)) = &data {
+                    *reuse = None;
+                }
+                self.hand_back_if_done();
+                Poll::Ready(data.map(|d| d.map(Frame::data).map_err(Into::into)))
+            }
+            Body::H1 { conn: None, .. } => Poll::Ready(None),
+            Body::H2(inner) => Pin::new(inner)
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map_err(Into::into))),
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match self {
+            Body::H1 { decoder, .. } => decoder.is_end(),
+            Body::H2(inner) => inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self {
+            Body::H1 { decoder, .. } => match decoder.remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::default(),
+            },
+            Body::H2(inner) => inner.size_hint(),
+        }
     }
 }
 

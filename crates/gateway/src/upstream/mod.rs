@@ -1,7 +1,9 @@
 //! Talking to replicas: each worker's connections to each pool
-//! ([`connections`]), and the request a replica receives.
+//! ([`connections`]), the HTTP/1.1 client they use ([`http1`]), and the
+//! request a replica receives ([`Outgoing`]).
 
 pub mod connections;
+pub mod http1;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -28,29 +30,30 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
         || name.as_str() == "keep-alive"
 }
 
-/// Copy end-to-end headers, dropping hop-by-hop ones and any header the
-/// `Connection` header names.
-pub fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
-    let named_by_connection: Vec<&str> = from
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .collect();
-    for (name, value) in from {
-        if is_hop_by_hop(name)
-            || named_by_connection
+/// The end-to-end headers of `from`: all but hop-by-hop ones and any
+/// header the `Connection` header names.
+fn end_to_end(from: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    // Collected only when there is a `Connection` header, which clients
+    // rarely send on a keep-alive HTTP/1.1 connection and never over h2.
+    let named_by_connection: Vec<&str> = if from.contains_key(header::CONNECTION) {
+        from.get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    from.iter().filter(move |(name, _)| {
+        !is_hop_by_hop(name)
+            && !named_by_connection
                 .iter()
                 .any(|n| n.eq_ignore_ascii_case(name.as_str()))
-        {
-            continue;
-        }
-        to.append(name.clone(), value.clone());
-    }
+    })
 }
 
-/// [`copy_headers`] in place: drop hop-by-hop headers and any header the
+/// [`end_to_end`] in place: drop hop-by-hop headers and any header the
 /// `Connection` header names, keeping the first `Content-Length` if
 /// `keep_content_length`. Allocates nothing unless a `Connection` header is
 /// present.
@@ -92,52 +95,88 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_content_length: bool) {
     }
 }
 
-/// The request sent to `addr`: same method, path, query and end-to-end
-/// headers, the body byte for byte, the gateway's request id and the trace
-/// context for the replica (see [`crate::telemetry::trace_context`]).
-/// HTTP/1.1 gets the path alone and a `Host` header; HTTP/2 the whole URI,
-/// from which hyper sends `:scheme` and `:authority`.
-pub fn request(
-    parts: &http::request::Parts,
-    addr: &str,
-    protocol: config::Protocol,
-    body: Bytes,
-    request_id: &HeaderValue,
-    traceparent: &HeaderValue,
-) -> Request<Full<Bytes>> {
-    let path = parts
-        .uri
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = parts.method.clone();
-    let headers = req.headers_mut();
-    // Room for the request id, trace context and host added below.
-    headers.reserve(parts.headers.len() + 3);
-    copy_headers(&parts.headers, headers);
-    headers.insert(REQUEST_ID, request_id.clone());
-    headers.insert(TRACEPARENT, traceparent.clone());
-    match protocol {
-        config::Protocol::Http1 => {
-            if let Ok(host) = HeaderValue::from_str(addr) {
-                headers.insert(header::HOST, host);
-            }
-            *req.uri_mut() = Uri::from(path);
-        }
-        config::Protocol::H2c => {
-            *req.version_mut() = http::Version::HTTP_2;
-            *req.uri_mut() = format!("http://{addr}{path}")
-                .parse()
-                .expect("host:port and an already-parsed path form a valid URI");
-        }
+/// The request a replica is sent: the client's method, path, query and
+/// end-to-end headers, its body byte for byte, the gateway's request id and
+/// the trace context for the replica (see
+/// [`crate::telemetry::trace_context`]), which replace any the client sent.
+pub struct Outgoing<'a> {
+    pub parts: &'a http::request::Parts,
+    pub body: &'a Bytes,
+    pub request_id: &'a HeaderValue,
+    pub traceparent: &'a HeaderValue,
+}
+
+impl Outgoing<'_> {
+    fn path(&self) -> &str {
+        self.parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str)
     }
-    req
+
+    /// The client's headers that go on, minus the two the gateway sets.
+    fn forwarded_headers(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        end_to_end(&self.parts.headers)
+            .filter(|(name, _)| **name != REQUEST_ID && **name != TRACEPARENT)
+    }
+
+    /// The HTTP/1.1 request head for the replica at `addr`: the path alone
+    /// on the request line, `Host` the replica's address, and the body's
+    /// length.
+    pub fn http1_head(&self, addr: &str) -> Vec<u8> {
+        let mut head = Vec::with_capacity(256 + 64 * self.parts.headers.len());
+        head.extend_from_slice(self.parts.method.as_str().as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(self.path().as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        let mut field = |name: &[u8], value: &[u8]| {
+            head.extend_from_slice(name);
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value);
+            head.extend_from_slice(b"\r\n");
+        };
+        field(b"host", addr.as_bytes());
+        for (name, value) in self.forwarded_headers() {
+            field(name.as_str().as_bytes(), value.as_bytes());
+        }
+        field(REQUEST_ID.as_str().as_bytes(), self.request_id.as_bytes());
+        field(TRACEPARENT.as_str().as_bytes(), self.traceparent.as_bytes());
+        field(b"content-length", self.body.len().to_string().as_bytes());
+        head.extend_from_slice(b"\r\n");
+        head
+    }
+
+    /// The HTTP/2 request for the replica at `addr`: the whole URI, from
+    /// which hyper sends `:scheme` and `:authority`.
+    pub fn http2(&self, addr: &str) -> Request<Full<Bytes>> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = self.parts.method.clone();
+        *req.version_mut() = http::Version::HTTP_2;
+        *req.uri_mut() = format!("http://{addr}{}", self.path())
+            .parse::<Uri>()
+            .expect("host:port and an already-parsed path form a valid URI");
+        let headers = req.headers_mut();
+        headers.reserve(self.parts.headers.len() + 2);
+        for (name, value) in self.forwarded_headers() {
+            headers.append(name.clone(), value.clone());
+        }
+        headers.insert(REQUEST_ID, self.request_id.clone());
+        headers.insert(TRACEPARENT, self.traceparent.clone());
+        req
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn copied(from: &HeaderMap) -> HeaderMap {
+        let mut to = HeaderMap::new();
+        for (name, value) in end_to_end(from) {
+            to.append(name.clone(), value.clone());
+        }
+        to
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_dropped() {
@@ -150,8 +189,7 @@ mod tests {
         from.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         from.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         from.insert(header::HOST, HeaderValue::from_static("gw"));
-        let mut to = HeaderMap::new();
-        copy_headers(&from, &mut to);
+        let to = copied(&from);
         assert_eq!(to.len(), 1);
         assert_eq!(to[header::AUTHORIZATION], "Bearer t");
     }
@@ -189,8 +227,7 @@ mod tests {
             all
         };
         for keep_content_length in [false, true] {
-            let mut copied = HeaderMap::new();
-            copy_headers(&from, &mut copied);
+            let mut copied = copied(&from);
             if keep_content_length {
                 let len = from.get(header::CONTENT_LENGTH).unwrap().clone();
                 copied.insert(header::CONTENT_LENGTH, len);
@@ -221,30 +258,47 @@ mod tests {
             .headers_mut()
             .insert(header::HOST, HeaderValue::from_static("gw"));
         let (parts, ()) = incoming.into_parts();
-        let ours = "00-11111111111111111111111111111111-3333333333333333-01";
-        let make = |protocol| {
-            request(
-                &parts,
-                "10.0.0.1:8000",
-                protocol,
-                Bytes::from_static(b"{}"),
-                &HeaderValue::from_static("req-1"),
-                &HeaderValue::from_static(ours),
-            )
+        let ours =
+            HeaderValue::from_static("00-11111111111111111111111111111111-3333333333333333-01");
+        let body = Bytes::from_static(b"{}");
+        let request_id = HeaderValue::from_static("req-1");
+        let outgoing = Outgoing {
+            parts: &parts,
+            body: &body,
+            request_id: &request_id,
+            traceparent: &ours,
         };
-        let req = make(config::Protocol::Http1);
-        assert_eq!(req.uri(), "/v1/chat/completions?x=1");
+        let head = String::from_utf8(outgoing.http1_head("10.0.0.1:8000")).unwrap();
+        let mut lines: Vec<&str> = head.split("\r\n").collect();
+        // The replica's address as host, not the gateway's.
+        assert_eq!(
+            lines[..2],
+            [
+                "POST /v1/chat/completions?x=1 HTTP/1.1",
+                "host: 10.0.0.1:8000"
+            ]
+        );
+        assert_eq!(lines.split_off(lines.len() - 2), ["", ""], "{head}");
+        let mut fields = lines.split_off(2);
+        fields.sort();
+        assert_eq!(
+            fields,
+            [
+                "content-length: 2",
+                &format!("traceparent: {}", ours.to_str().unwrap()),
+                "tracestate: vendor=1",
+                "x-request-id: req-1",
+            ]
+        );
+
+        let req = outgoing.http2("10.0.0.1:8000");
+        assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
+        assert_eq!(req.version(), http::Version::HTTP_2);
         let headers = req.headers();
+        assert!(headers.get(header::HOST).is_none());
         assert_eq!(headers[REQUEST_ID], "req-1");
         assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
         assert_eq!(headers[TRACEPARENT], ours);
         assert_eq!(headers["tracestate"], "vendor=1");
-        // The replica's address, not the gateway's.
-        assert_eq!(headers[header::HOST], "10.0.0.1:8000");
-
-        let req = make(config::Protocol::H2c);
-        assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
-        assert_eq!(req.version(), http::Version::HTTP_2);
-        assert!(req.headers().get(header::HOST).is_none());
     }
 }

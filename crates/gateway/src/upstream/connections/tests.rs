@@ -3,11 +3,11 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::{Connections, Error, Settings};
+use crate::upstream::Outgoing;
 
 /// What the fake replica does with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,13 +177,26 @@ fn settings() -> Settings {
     Settings::new(config::Protocol::Http1, Duration::from_secs(5))
 }
 
-fn request(addr: SocketAddr) -> impl Fn() -> Request<Full<Bytes>> {
-    move || {
+/// The request every test sends, to any replica.
+fn request(_to: SocketAddr) -> &'static Outgoing<'static> {
+    static PARTS: LazyLock<http::request::Parts> = LazyLock::new(|| {
         Request::post("/v1/chat/completions")
-            .header(header::HOST, addr.to_string())
-            .body(Full::new(Bytes::from_static(b"{}")))
+            .body(())
             .unwrap()
-    }
+            .into_parts()
+            .0
+    });
+    static BODY: Bytes = Bytes::from_static(b"{}");
+    static ID: HeaderValue = HeaderValue::from_static("r1");
+    static TRACE: HeaderValue =
+        HeaderValue::from_static("00-11111111111111111111111111111111-2222222222222222-01");
+    static REQUEST: LazyLock<Outgoing<'static>> = LazyLock::new(|| Outgoing {
+        parts: &PARTS,
+        body: &BODY,
+        request_id: &ID,
+        traceparent: &TRACE,
+    });
+    &REQUEST
 }
 
 /// Send a request and read its body to the end.
@@ -277,7 +291,7 @@ async fn a_fresh_connection_that_fails_is_the_callers_to_handle() {
     let replica = FakeReplica::start(|_, _| Answer::HangUp).await;
     let pool = Connections::new(settings());
     let err = fetch(&pool, replica.addr).await.unwrap_err();
-    assert!(matches!(err, Error::Request(_)), "{err:?}");
+    assert!(matches!(err, Error::Http1(_)), "{err:?}");
     assert!(!err.is_connect());
     // Not sent again: another replica may be the better try.
     assert_eq!(replica.accepted(), 1);
@@ -390,18 +404,12 @@ async fn h2c_requests_share_one_connection() {
     });
     let pool = Connections::new(Settings::new(config::Protocol::H2c, Duration::from_secs(5)));
     let key = addr.to_string();
-    let a = key.clone();
-    let h2 = move || {
-        Request::post(format!("http://{a}/v1/chat/completions"))
-            .version(http::Version::HTTP_2)
-            .body(Full::new(Bytes::from_static(b"{}")))
-            .unwrap()
-    };
-    let first = within(pool.send(&key, &h2)).await.unwrap();
+    let h2 = request(addr);
+    let first = within(pool.send(&key, h2)).await.unwrap();
     assert_eq!(body_text(first).await, "HTTP/2.0");
     // Concurrent requests and a response still being read share it too.
-    let held = within(pool.send(&key, &h2)).await.unwrap();
-    let (b, c) = tokio::join!(pool.send(&key, &h2), pool.send(&key, &h2));
+    let held = within(pool.send(&key, h2)).await.unwrap();
+    let (b, c) = tokio::join!(pool.send(&key, h2), pool.send(&key, h2));
     for resp in [held, b.unwrap(), c.unwrap()] {
         assert_eq!(body_text(resp).await, "HTTP/2.0");
     }

@@ -1,0 +1,530 @@
+//! The gateway's HTTP/1.1 client connection to a replica.
+//!
+//! One request at a time on a kept-alive TCP connection: the request head
+//! and body go out in one `writev`, and the response is read by the task
+//! that sent the request, straight from the socket. hyper's client
+//! connection instead runs as a task of its own that each request reaches,
+//! and is answered from, through channels — two task hand-offs and a
+//! second HTTP machinery per request, for a protocol whose every use here
+//! is the same: send a small head and a body we already hold, read a head,
+//! then stream a body back as it arrives.
+//!
+//! Parsing ([`parse_head`], [`Decoder`]) is pure, over the bytes read so
+//! far, so it is tested byte by byte; the I/O around it is thin.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{StatusCode, Version};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// Largest response head accepted (status line and headers).
+const HEAD_LIMIT: usize = 64 * 1024;
+/// Most headers in a response head.
+const MAX_HEADERS: usize = 100;
+/// Longest chunk-size or trailer line.
+const LINE_LIMIT: usize = 4 * 1024;
+/// Bytes asked of the socket per read.
+const READ_SIZE: usize = 16 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Nothing of a response arrived: the connection failed or closed
+    /// before its first byte.
+    #[error("the replica closed the connection before answering{}", .0.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Unanswered(Option<io::Error>),
+    #[error("reading the replica's response failed: {0}")]
+    Io(io::Error),
+    #[error("the replica's response ended before its end")]
+    Incomplete,
+    #[error("the replica sent an invalid response: {0}")]
+    Invalid(String),
+}
+
+impl Error {
+    /// The replica closed (or reset) the connection before answering — on
+    /// a reused connection, the close of an idle connection crossing the
+    /// request on the wire.
+    pub fn is_stale(&self) -> bool {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+        match self {
+            Error::Unanswered(None) => true,
+            Error::Unanswered(Some(e)) => {
+                matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
+            }
+            _ => false,
+        }
+    }
+
+    fn invalid(what: impl Into<String>) -> Self {
+        Error::Invalid(what.into())
+    }
+}
+
+/// A response head, and how its body is framed.
+#[derive(Debug)]
+pub struct Head {
+    pub parts: http::response::Parts,
+    pub decoder: Decoder,
+    /// Whether the connection may carry another request once the body has
+    /// been read to its end.
+    pub keep_alive: bool,
+}
+
+pub struct Connection {
+    io: TcpStream,
+    /// Bytes read and not yet consumed.
+    buf: BytesMut,
+}
+
+impl Connection {
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Whether the replica closed the connection (or sent something no
+    /// request asked for) while it sat idle. Costs a read only when the
+    /// socket was reported readable, which an idle, open one is not.
+    pub fn is_closed(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => false,
+            Poll::Ready(Err(_)) => true,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                !matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Send a request (`head` ends with its blank line) and read the
+    /// response's head. The body is read with [`Decoder`] over
+    /// [`Connection::poll_data`].
+    pub async fn send(&mut self, head: &[u8], body: &[u8]) -> Result<Head, Error> {
+        debug_assert!(
+            self.buf.is_empty(),
+            "a connection is reused only when drained"
+        );
+        self.write_all(head, body)
+            .await
+            .map_err(|e| Error::Unanswered(Some(e)))?;
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(head) = parse_head(&mut self.buf)? {
+                    return Ok(head);
+                }
+                if self.buf.len() > HEAD_LIMIT {
+                    return Err(Error::invalid(format!(
+                        "response head over {HEAD_LIMIT} bytes"
+                    )));
+                }
+            }
+            let answered = !self.buf.is_empty();
+            match std::future::poll_fn(|cx| self.poll_fill(cx)).await {
+                Ok(0) if answered => return Err(Error::Incomplete),
+                Ok(0) => return Err(Error::Unanswered(None)),
+                Ok(_) => {}
+                Err(e) if answered => return Err(Error::Io(e)),
+                Err(e) => return Err(Error::Unanswered(Some(e))),
+            }
+        }
+    }
+
+    async fn write_all(&mut self, head: &[u8], body: &[u8]) -> io::Result<()> {
+        let mut slices = [IoSlice::new(head), IoSlice::new(body)];
+        let mut pending = &mut slices[..];
+        IoSlice::advance_slices(&mut pending, 0);
+        while !pending.is_empty() {
+            let n = self.io.write_vectored(pending).await?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            IoSlice::advance_slices(&mut pending, n);
+        }
+        Ok(())
+    }
+
+    /// The next piece of the body `decoder` frames; `None` at its end.
+    pub fn poll_data(
+        &mut self,
+        decoder: &mut Decoder,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Error>>> {
+        loop {
+            match decoder.decode(&mut self.buf) {
+                Ok(Step::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(Step::End) => return Poll::Ready(None),
+                Ok(Step::NeedMore) => {}
+                Err(e) => return Poll::Ready(Some(Err(e))),
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => decoder.eof = true,
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(Error::Io(e)))),
+            }
+        }
+    }
+
+    /// Whether nothing past the last response has arrived: only then may
+    /// the connection carry another request.
+    pub fn is_drained(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Read what the socket has into `buf`; 0 at end of file. A read that
+    /// does not fill the space offered tells Tokio the socket is drained,
+    /// so an idle connection is not reported readable again until
+    /// something new arrives (see [`Connection::is_closed`]).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_SIZE / 4 {
+            self.buf.reserve(READ_SIZE);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf)
+    }
+}
+
+/// Parse a complete response head from the start of `buf` and consume it;
+/// `None` if more bytes are needed. Informational (1xx) responses are
+/// skipped.
+pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
+    loop {
+        // Uninitialised: this runs per response, and most fill a handful.
+        let mut headers = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut []);
+        let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            buf,
+            &mut headers,
+        ) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => return Err(Error::invalid(e.to_string())),
+        };
+        let code = response.code.unwrap_or_default();
+        if (100..200).contains(&code) {
+            if code == 101 {
+                return Err(Error::invalid("a protocol switch nobody asked for"));
+            }
+            buf.advance(len);
+            continue;
+        }
+        let status = StatusCode::from_u16(code).map_err(|e| Error::invalid(e.to_string()))?;
+        let version = match response.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        // Header positions in the head, so that values can share its bytes
+        // once it is split off the buffer.
+        let start = buf.as_ptr() as usize;
+        let positions: Vec<[usize; 4]> = response
+            .headers
+            .iter()
+            .map(|h| {
+                let name = h.name.as_ptr() as usize - start;
+                let value = h.value.as_ptr() as usize - start;
+                [name, name + h.name.len(), value, value + h.value.len()]
+            })
+            .collect();
+        let head = buf.split_to(len).freeze();
+        let mut map = HeaderMap::with_capacity(positions.len());
+        for &[name_start, name_end, value_start, value_end] in &positions {
+            let name = HeaderName::from_bytes(&head[name_start..name_end])
+                .map_err(|e| Error::invalid(e.to_string()))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
+                .map_err(|e| Error::invalid(e.to_string()))?;
+            map.append(name, value);
+        }
+        let (mut parts, ()) = http::Response::new(()).into_parts();
+        parts.status = status;
+        parts.version = version;
+        let (framing, keep_alive) = framing(status, version, &mut map)?;
+        parts.headers = map;
+        return Ok(Some(Head {
+            parts,
+            decoder: Decoder::new(framing),
+            keep_alive,
+        }));
+    }
+}
+
+/// How the body is delimited (RFC 9112 §6.3), and whether the connection
+/// outlives it. A `Content-Length` next to `Transfer-Encoding` is removed:
+/// the latter wins, and the length is wrong.
+fn framing(
+    status: StatusCode,
+    version: Version,
+    headers: &mut HeaderMap,
+) -> Result<(Framing, bool), Error> {
+    let close = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+    let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        Framing::Length(0)
+    } else if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
+            .map(<[u8]>::trim_ascii);
+        if last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")) {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::UntilClose
+        }
+    } else if headers.contains_key(header::CONTENT_LENGTH) {
+        let mut length = None;
+        for value in headers.get_all(header::CONTENT_LENGTH) {
+            for item in value.as_bytes().split(|&b| b == b',') {
+                let n = std::str::from_utf8(item.trim_ascii())
+                    .ok()
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| Error::invalid("an invalid Content-Length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(Error::invalid("conflicting Content-Length values"));
+                }
+                length = Some(n);
+            }
+        }
+        Framing::Length(length.unwrap_or_default())
+    } else {
+        Framing::UntilClose
+    };
+    let keep_alive = version == Version::HTTP_11 && !close && framing != Framing::UntilClose;
+    Ok((framing, keep_alive))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// This many bytes are left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Everything until the replica closes the connection.
+    UntilClose,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// A chunk-size line is next.
+    Size,
+    /// This many bytes of chunk data are left.
+    Data(u64),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer lines, up to a blank one.
+    Trailers,
+}
+
+/// Reads a body's framing out of the bytes received and yields its data.
+#[derive(Debug)]
+pub struct Decoder {
+    framing: Framing,
+    /// The replica closed the connection.
+    eof: bool,
+}
+
+/// What [`Decoder::decode`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    Data(Bytes),
+    /// Nothing more can be decoded from the bytes so far.
+    NeedMore,
+    End,
+}
+
+impl Decoder {
+    fn new(framing: Framing) -> Self {
+        let framing = match framing {
+            Framing::Length(0) => Framing::Done,
+            f => f,
+        };
+        Self {
+            framing,
+            eof: false,
+        }
+    }
+
+    /// Whether the body has been read to its end. A chunked body is known
+    /// to end as soon as its last chunk and terminator have arrived, even
+    /// if the data before them has not been asked for.
+    pub fn is_end(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    /// Bytes of body left, when known.
+    pub fn remaining(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(n) => Some(n),
+            Framing::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The next piece of body data in `buf` (consumed from it).
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
+        loop {
+            match self.framing {
+                Framing::Done => return Ok(Step::End),
+                Framing::Length(left) => {
+                    let Some(data) = take(buf, left) else {
+                        return self.need_more(Error::Incomplete);
+                    };
+                    let left = left - data.len() as u64;
+                    self.framing = if left == 0 {
+                        Framing::Done
+                    } else {
+                        Framing::Length(left)
+                    };
+                    return Ok(Step::Data(data));
+                }
+                Framing::UntilClose => {
+                    if !buf.is_empty() {
+                        return Ok(Step::Data(buf.split().freeze()));
+                    }
+                    if self.eof {
+                        self.framing = Framing::Done;
+                        return Ok(Step::End);
+                    }
+                    return Ok(Step::NeedMore);
+                }
+                Framing::Chunked(Chunk::Data(left)) => {
+                    let Some(data) = take(buf, left) else {
+                        return self.need_more(Error::Incomplete);
+                    };
+                    let left = left - data.len() as u64;
+                    self.framing = Framing::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    // Step over the framing that follows if it has arrived,
+                    // so that the end is known with the last data.
+                    self.settle(buf);
+                    return Ok(Step::Data(data));
+                }
+                Framing::Chunked(chunk) => {
+                    if !self.step_chunked(buf, chunk)? {
+                        return self.need_more(Error::Incomplete);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Consume the chunked framing at the front of `buf` up to the next
+    /// data or the end. An error is left for the next [`Decoder::decode`]
+    /// to report, as nothing is consumed by a step that fails.
+    fn settle(&mut self, buf: &mut BytesMut) {
+        while let Framing::Chunked(c @ (Chunk::DataEnd | Chunk::Size | Chunk::Trailers)) =
+            self.framing
+        {
+            if !matches!(self.step_chunked(buf, c), Ok(true)) {
+                break;
+            }
+        }
+    }
+
+    fn need_more(&self, at_eof: Error) -> Result<Step, Error> {
+        if self.eof {
+            Err(at_eof)
+        } else {
+            Ok(Step::NeedMore)
+        }
+    }
+
+    /// Consume one piece of chunked framing (a size line, a data CRLF, a
+    /// trailer line) from `buf`; false if it has not fully arrived.
+    fn step_chunked(&mut self, buf: &mut BytesMut, chunk: Chunk) -> Result<bool, Error> {
+        match chunk {
+            Chunk::Data(_) => unreachable!("data is taken by decode"),
+            Chunk::DataEnd => {
+                if buf.starts_with(b"\r\n") {
+                    buf.advance(2);
+                } else if buf.starts_with(b"\n") {
+                    buf.advance(1);
+                } else if buf.is_empty() || &buf[..] == b"\r" {
+                    return Ok(false);
+                } else {
+                    return Err(Error::invalid("chunk data not followed by CRLF"));
+                }
+                self.framing = Framing::Chunked(Chunk::Size);
+            }
+            Chunk::Size => {
+                let Some((len, next)) = line(buf)? else {
+                    return Ok(false);
+                };
+                let size = chunk_size(&buf[..len])?;
+                buf.advance(next);
+                self.framing = Framing::Chunked(if size == 0 {
+                    Chunk::Trailers
+                } else {
+                    Chunk::Data(size)
+                });
+            }
+            Chunk::Trailers => {
+                let Some((len, next)) = line(buf)? else {
+                    return Ok(false);
+                };
+                buf.advance(next);
+                // Trailers are not passed on: the client's response is
+                // framed anew, and nothing the replicas send needs them.
+                if len == 0 {
+                    self.framing = Framing::Done;
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Up to `left` bytes from the front of `buf`; `None` if it is empty.
+fn take(buf: &mut BytesMut, left: u64) -> Option<Bytes> {
+    if buf.is_empty() {
+        return None;
+    }
+    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+    Some(buf.split_to(n).freeze())
+}
+
+/// The length of the first line in `buf` without its line ending, and
+/// where the next line starts; `None` if it has not fully arrived.
+fn line(buf: &[u8]) -> Result<Option<(usize, usize)>, Error> {
+    let Some(end) = memchr::memchr(b'\n', buf) else {
+        if buf.len() > LINE_LIMIT {
+            return Err(Error::invalid(format!("a line over {LINE_LIMIT} bytes")));
+        }
+        return Ok(None);
+    };
+    let len = if end > 0 && buf[end - 1] == b'\r' {
+        end - 1
+    } else {
+        end
+    };
+    Ok(Some((len, end + 1)))
+}
+
+/// A chunk-size line: hexadecimal digits, then optional extensions.
+fn chunk_size(line: &[u8]) -> Result<u64, Error> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = line[digits..].trim_ascii_start();
+    if digits == 0 || digits > 16 || !(rest.is_empty() || rest[0] == b';') {
+        return Err(Error::invalid("an invalid chunk size"));
+    }
+    let digits = std::str::from_utf8(&line[..digits]).expect("hex digits are ASCII");
+    u64::from_str_radix(digits, 16).map_err(|_| Error::invalid("an invalid chunk size"))
+}
+
+#[cfg(test)]
+mod tests;
