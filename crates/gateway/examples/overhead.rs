@@ -14,6 +14,13 @@
 //!   when other work shares the cores, so it is the figure to compare
 //!   changes by.
 //!
+//! Each measurement runs in slices (`--slices`, default 5), the targets
+//! taking turns slice by slice, so that a change in the machine's load
+//! during a run falls on every target alike instead of on whichever ran
+//! then: the p50 of a replica reached directly moves by tens of
+//! microseconds from one run to the next, which compared one after the
+//! other swamped the differences being measured.
+//!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
 //! on the PATH and a release build of `infergate`; `scripts/bench-overhead`
@@ -40,6 +47,8 @@ struct Args {
     connections: usize,
     /// Skip the wrk runs (latency and CPU at the fixed rate only).
     skip_max: bool,
+    /// Turns each target takes, in each measurement.
+    slices: u32,
 }
 
 fn args() -> Args {
@@ -49,6 +58,7 @@ fn args() -> Args {
         seconds: 10,
         connections: 32,
         skip_max: false,
+        slices: 5,
     };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
@@ -62,6 +72,7 @@ fn args() -> Args {
             "--rate" => a.rate = value.parse().expect("--rate N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds N"),
             "--connections" => a.connections = value.parse().expect("--connections N"),
+            "--slices" => a.slices = value.parse::<u32>().expect("--slices N").max(1),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -188,15 +199,29 @@ fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> (f64, u64) {
     (rate, requests)
 }
 
-struct Latency {
-    p50: Duration,
-    p99: Duration,
+/// Latencies of the requests that succeeded, and how many failed.
+#[derive(Default)]
+struct Latencies {
+    ok: Vec<Duration>,
     errors: usize,
-    requests: usize,
+}
+
+impl Latencies {
+    fn requests(&self) -> usize {
+        self.ok.len() + self.errors
+    }
+
+    fn at(&mut self, q: f64) -> Duration {
+        self.ok.sort_unstable();
+        self.ok
+            .get(((self.ok.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 /// Open-loop load at `rate` req/s over a few keep-alive connections.
-async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> Latency {
+async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: f64, into: &mut Latencies) {
     const CONNECTIONS: usize = 16;
     let mut senders = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -212,7 +237,7 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> La
     for s in senders {
         free_tx.send(s).unwrap();
     }
-    let total = rate as u64 * seconds;
+    let total = (rate as f64 * seconds) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate as f64);
     let start = tokio::time::Instant::now();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -244,22 +269,12 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: u64) -> La
         });
     }
     drop(done_tx);
-    let mut latencies = Vec::with_capacity(total as usize);
-    let mut errors = 0;
     while let Some((latency, ok)) = done_rx.recv().await {
         if ok {
-            latencies.push(latency);
+            into.ok.push(latency);
         } else {
-            errors += 1;
+            into.errors += 1;
         }
-    }
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
-    Latency {
-        p50: at(0.50),
-        p99: at(0.99),
-        errors,
-        requests: total as usize,
     }
 }
 
@@ -322,35 +337,79 @@ fn main() {
     let path = "/v1/chat/completions";
     eprintln!("warming up");
     for (_, port, _) in targets {
-        runtime.block_on(fixed_rate(addr(port), path, args.rate, 1));
+        runtime.block_on(fixed_rate(
+            addr(port),
+            path,
+            args.rate,
+            1.0,
+            &mut Latencies::default(),
+        ));
     }
-    let cpu_per_request = |proc: Option<&Proc>, before: Option<Duration>, requests: u64| {
-        proc.zip(before)
-            .map(|(p, before)| (p.cpu() - before) / requests.max(1) as u32)
-    };
-    let mut rows = Vec::new();
-    for (name, port, proc) in targets {
-        let max = (!args.skip_max).then(|| {
-            eprintln!("{name}: max rate ({} connections)", args.connections);
-            let before = proc.map(Proc::cpu);
-            let (rate, requests) = wrk(
-                &format!("http://127.0.0.1:{port}{path}"),
-                args.connections,
-                args.seconds,
-                dir.path(),
-            );
-            (rate, cpu_per_request(proc, before, requests))
-        });
-        eprintln!("{name}: latency at {} req/s", args.rate);
-        let before = proc.map(Proc::cpu);
-        let lat = runtime.block_on(fixed_rate(addr(port), path, args.rate, args.seconds));
-        let cpu = cpu_per_request(proc, before, lat.requests as u64);
-        rows.push(Row {
+    let slice = args.seconds as f64 / args.slices as f64;
+    let mut rows: Vec<Row> = targets
+        .iter()
+        .map(|&(name, _, _)| Row {
             name,
-            max,
-            lat,
-            cpu,
-        });
+            max: None,
+            lat: Latencies::default(),
+            p50: Duration::ZERO,
+            p99: Duration::ZERO,
+            cpu: None,
+        })
+        .collect();
+    // Proxy CPU time and requests served, per target, summed over slices.
+    let cpu_per_request = |cpu: Duration, requests: usize| cpu / requests.max(1) as u32;
+    if !args.skip_max {
+        eprintln!(
+            "max rate ({} connections), {} slices of {slice:.1} s per target",
+            args.connections, args.slices
+        );
+        let mut totals = vec![(0u64, 0.0f64, Duration::ZERO); targets.len()];
+        for _ in 0..args.slices {
+            for (i, &(_, port, proc)) in targets.iter().enumerate() {
+                let before = proc.map(Proc::cpu);
+                let url = format!("http://127.0.0.1:{port}{path}");
+                // wrk takes whole seconds.
+                let seconds = (slice.round() as u64).max(1);
+                let (_, requests) = wrk(&url, args.connections, seconds, dir.path());
+                totals[i].0 += requests;
+                totals[i].1 += seconds as f64;
+                totals[i].2 += proc
+                    .zip(before)
+                    .map_or(Duration::ZERO, |(p, b)| p.cpu() - b);
+            }
+        }
+        for (row, (&(_, _, proc), (requests, seconds, cpu))) in
+            rows.iter_mut().zip(targets.iter().zip(totals))
+        {
+            let cpu = proc.map(|_| cpu_per_request(cpu, requests as usize));
+            row.max = Some((requests as f64 / seconds, cpu));
+        }
+    }
+    eprintln!(
+        "latency at {} req/s, {} slices of {slice:.1} s per target",
+        args.rate, args.slices
+    );
+    let mut cpu = vec![Duration::ZERO; targets.len()];
+    for _ in 0..args.slices {
+        for (i, &(_, port, proc)) in targets.iter().enumerate() {
+            let before = proc.map(Proc::cpu);
+            runtime.block_on(fixed_rate(
+                addr(port),
+                path,
+                args.rate,
+                slice,
+                &mut rows[i].lat,
+            ));
+            cpu[i] += proc
+                .zip(before)
+                .map_or(Duration::ZERO, |(p, b)| p.cpu() - b);
+        }
+    }
+    for (row, (&(_, _, proc), cpu)) in rows.iter_mut().zip(targets.iter().zip(cpu)) {
+        row.cpu = proc.map(|_| cpu_per_request(cpu, row.lat.requests()));
+        row.p50 = row.lat.at(0.50);
+        row.p99 = row.lat.at(0.99);
     }
 
     let direct = &rows[0];
@@ -363,7 +422,6 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for row in &rows {
-        let lat = &row.lat;
         println!(
             "| {} | {} | {} | {} | {:.0} µs | {:.0} µs | {:+.0} µs | {:+.0} µs | {} | {} |",
             row.name,
@@ -372,12 +430,12 @@ fn main() {
                 .zip(rate(nginx))
                 .map_or("—".to_owned(), |(r, n)| format!("{:.2}×", r / n)),
             cpu(row.max.and_then(|(_, c)| c)),
-            us(lat.p50),
-            us(lat.p99),
-            us(lat.p50) - us(direct.lat.p50),
-            us(lat.p99) - us(direct.lat.p99),
+            us(row.p50),
+            us(row.p99),
+            us(row.p50) - us(direct.p50),
+            us(row.p99) - us(direct.p99),
             cpu(row.cpu),
-            lat.errors,
+            row.lat.errors,
         );
     }
     let gw = &rows[1];
@@ -391,10 +449,10 @@ fn main() {
     }
     println!(
         "infergate: added latency p50 {:+.0} µs (nginx {:+.0} µs), p99 {:+.0} µs (nginx {:+.0} µs); CPU per request at {} req/s {} (nginx {})",
-        us(gw.lat.p50) - us(direct.lat.p50),
-        us(nginx.lat.p50) - us(direct.lat.p50),
-        us(gw.lat.p99) - us(direct.lat.p99),
-        us(nginx.lat.p99) - us(direct.lat.p99),
+        us(gw.p50) - us(direct.p50),
+        us(nginx.p50) - us(direct.p50),
+        us(gw.p99) - us(direct.p99),
+        us(nginx.p99) - us(direct.p99),
         args.rate,
         cpu(gw.cpu),
         cpu(nginx.cpu),
@@ -405,7 +463,9 @@ struct Row {
     name: &'static str,
     /// Maximum rate and the proxy's CPU per request at it.
     max: Option<(f64, Option<Duration>)>,
-    lat: Latency,
+    lat: Latencies,
+    p50: Duration,
+    p99: Duration,
     /// The proxy's CPU per request at the fixed rate.
     cpu: Option<Duration>,
 }
