@@ -25,8 +25,8 @@ const DEFAULT_FILTER: &str = "info";
 #[must_use = "dropping the guard stops trace export"]
 pub struct TelemetryGuard {
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
-    /// Writes out the log lines still queued when dropped.
-    _log_writer: tracing_appender::non_blocking::WorkerGuard,
+    /// Writes out the log lines still buffered when dropped.
+    _log_writer: super::log_writer::LogWriterGuard,
 }
 
 impl TelemetryGuard {
@@ -64,15 +64,9 @@ pub fn init(format: LogFormat, telemetry: &config::Telemetry) -> anyhow::Result<
     EnvFilter::try_new(&filter)
         .map_err(|e| anyhow::anyhow!("{LOG_FILTER_ENV}={filter:?} is not a valid filter: {e}"))?;
     let ansi = std::io::stderr().is_terminal();
-    // A line per request must not cost the data plane a write(2) each:
-    // lines go through a queue to a writer thread, which writes them in
-    // batches (a buffer flushed whenever the queue runs dry). Not lossy: a
-    // sink slower than the request rate for a whole queue (128k lines)
-    // slows requests down rather than losing access-log lines.
-    let (writer, log_writer) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("infergate-log")
-        .finish(std::io::BufWriter::new(std::io::stderr()));
+    // A line per request must not cost the data plane a write(2) each: a
+    // writer thread writes the lines in batches (see `log_writer`).
+    let (writer, log_writer) = super::log_writer::batch_writer(std::io::stderr())?;
     let logs = log_layers(format, telemetry.access_log.format, &filter, ansi, writer);
     let (export, provider) = match &telemetry.otlp {
         Some(otlp) => {

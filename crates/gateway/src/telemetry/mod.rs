@@ -7,11 +7,13 @@
 //!   body as it streams through.
 //! - [`trace_context`]: the `traceparent` sent upstream.
 //! - [`logging`]: the subscriber (logs, access log, span export), set up
-//!   once by the binary; [`otlp`] is the span exporter.
+//!   once by the binary; [`log_writer`] writes the lines out in batches,
+//!   [`otlp`] is the span exporter.
 //!
 //! The record stage (`record.rs`) is where a request's numbers are counted.
 
 mod live;
+mod log_writer;
 pub mod logging;
 pub mod metrics;
 mod otlp;
