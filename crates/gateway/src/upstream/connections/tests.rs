@@ -30,7 +30,16 @@ enum Answer {
     HangUp,
     /// A head announcing 10 bytes, and 2 of them; the rest never comes.
     Partial,
+    /// Like `Ok`, the body chunked, one chunk per character, written in
+    /// pieces.
+    Chunked,
+    /// 200 with a body of [`LARGE`] bytes, more than one read takes.
+    Large,
+    /// Like `Ok`, with bytes no request asked for right behind it.
+    OkThenGarbage,
 }
+
+const LARGE: usize = 300_000;
 
 /// The answer to the `request`-th request (from 0) on the `conn`-th
 /// connection (from 0, in accept order).
@@ -130,6 +139,30 @@ async fn serve(mut stream: TcpStream, conn: usize, plan: Arc<Plan>, counters: Ar
                 drop(stream);
                 counters.closed_by_replica.send_modify(|n| *n += 1);
                 return;
+            }
+            Answer::Chunked => {
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                for c in body.chars() {
+                    stream
+                        .write_all(format!("1;ext=x\r\n{c}").as_bytes())
+                        .await
+                        .unwrap();
+                    stream.write_all(b"\r\n").await.unwrap();
+                }
+                stream.write_all(b"0\r\ntrailer: t\r\n\r\n").await.unwrap();
+            }
+            Answer::Large => {
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {LARGE}\r\n\r\n");
+                stream.write_all(head.as_bytes()).await.unwrap();
+                stream.write_all(&vec![b'x'; LARGE]).await.unwrap();
+            }
+            Answer::OkThenGarbage => {
+                // One write: the stray bytes arrive with the response.
+                let both = format!("{ok}HTTP/1.1 200 OK\r\n");
+                stream.write_all(both.as_bytes()).await.unwrap();
             }
             Answer::Partial => {
                 stream
@@ -415,4 +448,42 @@ async fn h2c_requests_share_one_connection() {
     }
     assert_eq!(*accepted.borrow(), 1);
     server.abort();
+}
+
+#[tokio::test]
+async fn a_chunked_response_is_decoded_and_its_connection_reused() {
+    let replica = FakeReplica::start(|_, _| Answer::Chunked).await;
+    let pool = Connections::new(settings());
+    for _ in 0..3 {
+        assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    }
+    assert_eq!(replica.accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_body_larger_than_a_read_arrives_whole() {
+    let replica = FakeReplica::start(|_, _| Answer::Large).await;
+    let pool = Connections::new(settings());
+    for _ in 0..2 {
+        let body = fetch(&pool, replica.addr).await.unwrap();
+        assert_eq!(body.len(), LARGE);
+        assert!(body.bytes().all(|b| b == b'x'));
+    }
+    assert_eq!(replica.accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_with_bytes_nobody_asked_for_is_not_reused() {
+    let replica = FakeReplica::start(|conn, _| match conn {
+        0 => Answer::OkThenGarbage,
+        _ => Answer::Ok,
+    })
+    .await;
+    let pool = Connections::new(settings());
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    // What follows the response is not a response to anything sent: the
+    // connection is not used again.
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
+    assert_eq!(replica.accepted(), 2);
 }
