@@ -23,7 +23,9 @@
 //!   error) drops its connection instead of returning it: the replica sees
 //!   the connection close and stops generating.
 //! - **h2c**: requests to a replica share one connection, multiplexed;
-//!   nothing is checked out or returned. hyper runs it, as a task.
+//!   nothing is checked out or returned. hyper runs it, as a task. Requests
+//!   that find no connection while one is being opened wait for that one
+//!   instead of each opening their own.
 //! - **Replica closed it**: a replica may close an idle connection at any
 //!   time (its keep-alive timeout). A closed connection is skipped when
 //!   taking one (an idle socket that turned readable has been closed); and
@@ -47,6 +49,8 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared as SharedFuture};
 use http::Response;
 use http_body::{Frame, SizeHint};
 use http_body_util::Full;
@@ -62,6 +66,9 @@ use super::http1::{self, Connection, Decoder};
 use crate::body::BoxError;
 
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
+
+/// An h2c connection being opened, awaited by every request that needs it.
+type Opening = SharedFuture<BoxFuture<'static, Result<SendRequest2, Arc<Error>>>>;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -119,6 +126,8 @@ struct Replica {
     /// h2c connections, each shared by any number of requests; the last is
     /// the one in use.
     shared: Vec<Idle<SendRequest2>>,
+    /// The h2c connection being opened, if one is.
+    opening: Option<Opening>,
 }
 
 struct Idle<C> {
@@ -138,6 +147,9 @@ pub enum Error {
     ConnectTimeout { addr: String, timeout: Duration },
     #[error("HTTP/2 handshake with {addr} failed: {source}")]
     Handshake { addr: String, source: hyper::Error },
+    /// Opening the h2c connection this request waited for failed.
+    #[error(transparent)]
+    Opening(Arc<Error>),
     #[error(transparent)]
     Http1(http1::Error),
     #[error("{0}")]
@@ -147,7 +159,10 @@ pub enum Error {
 impl Error {
     /// The replica could not be reached at all: no connection was made.
     pub fn is_connect(&self) -> bool {
-        !matches!(self, Error::Http1(_) | Error::Http2(_))
+        match self {
+            Error::Opening(e) => e.is_connect(),
+            e => !matches!(e, Error::Http1(_) | Error::Http2(_)),
+        }
     }
 
     /// The replica closed the connection (or it was found closed) before
@@ -242,36 +257,52 @@ impl Connections {
     }
 
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
-        let settings = &self.shared.settings;
-        let stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| Error::ConnectTimeout {
-                addr: addr.to_owned(),
-                timeout: settings.connect_timeout,
-            })?
-            .map_err(|source| Error::Connect {
-                addr: addr.to_owned(),
-                source,
-            })?;
-        // Best effort: a socket that refuses an option still works.
-        let _ = stream.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new().with_time(settings.keepalive);
-        let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
-        match settings.protocol {
-            config::Protocol::Http1 => Ok(Conn::H1(Connection::new(stream))),
-            config::Protocol::H2c => {
-                let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                    .await
-                    .map_err(|source| Error::Handshake {
-                        addr: addr.to_owned(),
-                        source,
-                    })?;
-                tokio::spawn(drive(conn));
-                self.shared.share(replica, sender.clone());
-                Ok(Conn::H2(sender))
+        match self.shared.settings.protocol {
+            config::Protocol::Http1 => {
+                let stream = tcp(&self.shared.settings, addr).await?;
+                Ok(Conn::H1(Connection::new(stream)))
             }
+            config::Protocol::H2c => self
+                .shared
+                .opening(addr, replica)
+                .await
+                .map(Conn::H2)
+                .map_err(Error::Opening),
         }
     }
+}
+
+/// A TCP connection to `addr`, with the socket options every connection
+/// gets.
+async fn tcp(settings: &Settings, addr: &str) -> Result<TcpStream, Error> {
+    let stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| Error::ConnectTimeout {
+            addr: addr.to_owned(),
+            timeout: settings.connect_timeout,
+        })?
+        .map_err(|source| Error::Connect {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    // Best effort: a socket that refuses an option still works.
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new().with_time(settings.keepalive);
+    let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive);
+    Ok(stream)
+}
+
+/// An h2c connection to `addr`, its task running.
+async fn open_h2(settings: &Settings, addr: &str) -> Result<SendRequest2, Error> {
+    let stream = tcp(settings, addr).await?;
+    let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+        .await
+        .map_err(|source| Error::Handshake {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    tokio::spawn(drive(conn));
+    Ok(sender)
 }
 
 /// Run an h2c connection until it closes; the replica's side of any error is
@@ -338,6 +369,33 @@ impl Shared {
             },
         };
         (replica, conn)
+    }
+
+    /// The h2c connection being opened to the replica at `addr`, started
+    /// if none is. Whichever request polls it drives it; it holds the pool
+    /// weakly, so one left unfinished does not keep the pool alive.
+    fn opening(self: &Arc<Self>, addr: &str, replica: usize) -> Opening {
+        let mut state = self.state.lock();
+        if let Some(opening) = &state.replicas[replica].opening {
+            return opening.clone();
+        }
+        let pool = Arc::downgrade(self);
+        let settings = self.settings.clone();
+        let addr = addr.to_owned();
+        let opening = async move {
+            let opened = open_h2(&settings, &addr).await;
+            if let Some(pool) = pool.upgrade() {
+                pool.state.lock().replicas[replica].opening = None;
+                if let Ok(sender) = &opened {
+                    pool.share(replica, sender.clone());
+                }
+            }
+            opened.map_err(Arc::new)
+        }
+        .boxed()
+        .shared();
+        state.replicas[replica].opening = Some(opening.clone());
+        opening
     }
 
     fn share(self: &Arc<Self>, replica: usize, sender: SendRequest2) {

@@ -438,12 +438,20 @@ async fn h2c_requests_share_one_connection() {
     let pool = Connections::new(Settings::new(config::Protocol::H2c, Duration::from_secs(5)));
     let key = addr.to_string();
     let h2 = request(addr);
-    let first = within(pool.send(&key, h2)).await.unwrap();
-    assert_eq!(body_text(first).await, "HTTP/2.0");
-    // Concurrent requests and a response still being read share it too.
+    // The first requests arrive together, before any connection is open:
+    // they wait for one rather than each opening their own.
+    let (first, second) =
+        within(async { tokio::join!(pool.send(&key, h2), pool.send(&key, h2)) }).await;
+    // Later ones, and one while a response is still being read, share it.
     let held = within(pool.send(&key, h2)).await.unwrap();
     let (b, c) = tokio::join!(pool.send(&key, h2), pool.send(&key, h2));
-    for resp in [held, b.unwrap(), c.unwrap()] {
+    for resp in [
+        first.unwrap(),
+        second.unwrap(),
+        held,
+        b.unwrap(),
+        c.unwrap(),
+    ] {
         assert_eq!(body_text(resp).await, "HTTP/2.0");
     }
     assert_eq!(*accepted.borrow(), 1);
@@ -486,4 +494,34 @@ async fn a_connection_with_bytes_nobody_asked_for_is_not_reused() {
     assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
     assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c1");
     assert_eq!(replica.accepted(), 2);
+}
+
+#[tokio::test]
+async fn requests_waiting_for_an_h2c_connection_share_its_failure() {
+    // Nothing listens here: the connection is refused.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let pool = Connections::new(Settings::new(config::Protocol::H2c, Duration::from_secs(5)));
+    let key = addr.to_string();
+    let (a, b) = within(async {
+        tokio::join!(
+            pool.send(&key, request(addr)),
+            pool.send(&key, request(addr))
+        )
+    })
+    .await;
+    for err in [a.unwrap_err(), b.unwrap_err()] {
+        assert!(err.is_connect(), "{err:?}");
+        assert!(err.to_string().contains("cannot connect"), "{err}");
+    }
+    // Nothing is left half-open: the next request tries again.
+    assert!(
+        within(pool.send(&key, request(addr)))
+            .await
+            .unwrap_err()
+            .is_connect()
+    );
 }
