@@ -54,11 +54,12 @@ impl ProxiedBody {
         record: Record,
         idle_timeout: Duration,
     ) -> Self {
+        let now = Instant::now();
         Self {
             inner,
             idle_timeout,
-            idle: Box::pin(tokio::time::sleep(idle_timeout)),
-            last_frame: Instant::now(),
+            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            last_frame: now,
             lease: load,
             record,
         }

@@ -157,14 +157,20 @@ async fn infer(
         Err(e) => return refuse(record, e),
     };
     // 7. pick happens inside admission (the dispatcher picks for waiters).
+    let explain = state.debug.decision_headers
+        || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
+    let picker_config = pool.picker.config();
     let pick = OwnedPick {
         adapter: route.adapter.clone(),
-        prefix_hashes: request
-            .prompt_hashes(route.adapter.as_deref(), &pool.picker.config().prefix)
-            .into(),
+        prefix_hashes: if picker_config.uses_prompt_hashes(explain) {
+            request
+                .prompt_hashes(route.adapter.as_deref(), &picker_config.prefix)
+                .into()
+        } else {
+            Arc::default()
+        },
         estimated_tokens: request.estimated_tokens,
-        explain: state.debug.decision_headers
-            || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG),
+        explain,
     };
     let admit_started = Instant::now();
     let mut admitted = match pool

@@ -392,6 +392,13 @@ pub struct PickerConfig {
 impl PickerConfig {
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(1);
 
+    /// Whether picks read the prompt's prefix hashes: only scored picks
+    /// with prefix affinity weighed, or explained. Other picks need not
+    /// hash the prompt at all.
+    pub fn uses_prompt_hashes(&self, explain: bool) -> bool {
+        self.policy == Policy::Scored && (self.weights.prefix > 0.0 || explain)
+    }
+
     /// Every problem with the config, in one message each; empty when valid.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
@@ -458,6 +465,24 @@ impl Default for PickerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_scored_picks_weighing_or_explaining_prefixes_need_the_prompt_hashed() {
+        let scored = PickerConfig::default();
+        assert!(scored.weights.prefix > 0.0);
+        assert!(scored.uses_prompt_hashes(false));
+        let mut unweighted = scored.clone();
+        unweighted.weights.prefix = 0.0;
+        assert!(!unweighted.uses_prompt_hashes(false));
+        assert!(unweighted.uses_prompt_hashes(true));
+        for policy in [Policy::RoundRobin, Policy::LeastRequest, Policy::Random] {
+            let config = PickerConfig {
+                policy,
+                ..PickerConfig::default()
+            };
+            assert!(!config.uses_prompt_hashes(true), "{policy:?}");
+        }
+    }
 
     #[test]
     fn default_weights_are_the_default_preset() {
