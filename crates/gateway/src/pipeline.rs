@@ -245,11 +245,18 @@ async fn infer(
                         ApiError::upstream_failed(&pool.name, &e.to_string()),
                     );
                 }
-                record.retries += 1;
                 admitted = match pool.admission.pick_now(&pick.as_request(), &tried) {
                     Ok(a) => a,
-                    Err(e) => return refuse(record, pick_error(&pool.name, e)),
+                    // Nothing left to try. A replica that answered badly is
+                    // the failure to report; one that could not be reached
+                    // leaves the pool without a reachable replica.
+                    Err(_) if !e.is_connect() => {
+                        let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
+                        return refuse(record, failed);
+                    }
+                    Err(no_pick) => return refuse(record, pick_error(&pool.name, no_pick)),
                 };
+                record.retries += 1;
             }
         }
     }

@@ -635,3 +635,48 @@ async fn a_replica_closing_idle_connections_costs_no_failed_requests() {
     }
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 20);
 }
+
+/// A replica that reads a request and answers with something that is not
+/// HTTP, then closes.
+async fn garbage_replica() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                if stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                    let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n").await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_replica_answering_garbage_is_a_502_or_a_retry_elsewhere() {
+    let garbage = garbage_replica().await;
+    let good = FakeReplica::start("good", Behaviour::Echo).await;
+    let only_garbage = format!(
+        "    - {{name: bad, engine: none, models: [bad], endpoints: [\"{garbage}\"], scheduling: {{policy: round-robin}}}}\n"
+    );
+    let mixed = format!(
+        "    - {{name: mixed, engine: none, models: [m], endpoints: [\"{garbage}\", \"{}\"], scheduling: {{policy: round-robin}}}}\n",
+        good.addr
+    );
+    let gw = Gateway::start(&config("", &format!("{only_garbage}{mixed}")))
+        .await
+        .unwrap();
+    let (status, body) = error_of(chat(&gw, "bad").await).await;
+    assert_eq!(status, 502);
+    assert_eq!(body["error"]["code"], "upstream_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("invalid response"), "{message}");
+    // Nothing reached the client before the replica failed, so another
+    // replica answers instead.
+    for _ in 0..4 {
+        assert_eq!(chat(&gw, "m").await.status(), 200);
+    }
+}
