@@ -37,6 +37,9 @@ enum Answer {
     Large,
     /// Like `Ok`, with bytes no request asked for right behind it.
     OkThenGarbage,
+    /// An informational `100 Continue`, then the replica closes the
+    /// connection.
+    ContinueThenHangUp,
 }
 
 const LARGE: usize = 300_000;
@@ -158,6 +161,15 @@ async fn serve(mut stream: TcpStream, conn: usize, plan: Arc<Plan>, counters: Ar
                 let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {LARGE}\r\n\r\n");
                 stream.write_all(head.as_bytes()).await.unwrap();
                 stream.write_all(&vec![b'x'; LARGE]).await.unwrap();
+            }
+            Answer::ContinueThenHangUp => {
+                stream
+                    .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    .await
+                    .unwrap();
+                drop(stream);
+                counters.closed_by_replica.send_modify(|n| *n += 1);
+                return;
             }
             Answer::OkThenGarbage => {
                 // One write: the stray bytes arrive with the response.
@@ -524,4 +536,24 @@ async fn requests_waiting_for_an_h2c_connection_share_its_failure() {
             .unwrap_err()
             .is_connect()
     );
+}
+
+#[tokio::test]
+async fn a_request_the_replica_began_to_answer_is_not_sent_again() {
+    let replica = FakeReplica::start(|_, request| match request {
+        0 => Answer::Ok,
+        _ => Answer::ContinueThenHangUp,
+    })
+    .await;
+    let pool = Connections::new(settings());
+    assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
+    // On the reused connection the replica answered `100 Continue` and
+    // closed: it had the request, so it fails rather than going out twice.
+    let err = fetch(&pool, replica.addr).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Http1(_)) && !err.is_connect(),
+        "{err:?}"
+    );
+    assert_eq!(replica.requests.lock().len(), 2);
+    assert_eq!(replica.accepted(), 1);
 }

@@ -115,6 +115,9 @@ impl Connection {
         self.write_all(head, body)
             .await
             .map_err(|e| Error::Unanswered(Some(e)))?;
+        // Whether any byte came back: after one (even of a 1xx response),
+        // the replica has the request, and it must not be sent again.
+        let mut answered = false;
         loop {
             if !self.buf.is_empty() {
                 if let Some(head) = parse_head(&mut self.buf)? {
@@ -126,11 +129,10 @@ impl Connection {
                     )));
                 }
             }
-            let answered = !self.buf.is_empty();
             match std::future::poll_fn(|cx| self.poll_fill(cx)).await {
                 Ok(0) if answered => return Err(Error::Incomplete),
                 Ok(0) => return Err(Error::Unanswered(None)),
-                Ok(_) => {}
+                Ok(_) => answered = true,
                 Err(e) if answered => return Err(Error::Io(e)),
                 Err(e) => return Err(Error::Unanswered(Some(e))),
             }
