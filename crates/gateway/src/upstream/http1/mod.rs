@@ -257,14 +257,16 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
 }
 
 /// How the body is delimited (RFC 9112 §6.3), and whether the connection
-/// outlives it. A `Content-Length` next to `Transfer-Encoding` is removed:
-/// the latter wins, and the length is wrong.
+/// outlives it. A `Content-Length` next to `Transfer-Encoding` is removed
+/// (the latter wins, and the length is wrong) and the connection is not
+/// reused: a replica framing its answer two ways may not agree with us on
+/// where it ends.
 fn framing(
     status: StatusCode,
     version: Version,
     headers: &mut HeaderMap,
 ) -> Result<(Framing, bool), Error> {
-    let close = headers
+    let mut close = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
@@ -272,7 +274,7 @@ fn framing(
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Length(0)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
-        headers.remove(header::CONTENT_LENGTH);
+        close |= headers.remove(header::CONTENT_LENGTH).is_some();
         let last = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()

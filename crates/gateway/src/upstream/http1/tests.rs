@@ -83,10 +83,15 @@ fn framing_and_keep_alive_follow_the_head() {
         framed("HTTP/1.1 200 OK\r\ncontent-length: 3, 3\r\ncontent-length: 3\r\n\r\n"),
         (Framing::Length(3), true, true)
     );
-    // Transfer-Encoding wins over a Content-Length, which is dropped.
     assert_eq!(
-        framed("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: gzip, Chunked\r\n\r\n"),
+        framed("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\n\r\n"),
         (Framing::Chunked(Chunk::Size), true, false)
+    );
+    // Transfer-Encoding wins over a Content-Length, which is dropped, and
+    // the connection is not trusted with another request.
+    assert_eq!(
+        framed("HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n"),
+        (Framing::Chunked(Chunk::Size), false, false)
     );
     assert_eq!(
         framed("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
