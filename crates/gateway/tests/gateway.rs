@@ -680,3 +680,40 @@ async fn a_replica_answering_garbage_is_a_502_or_a_retry_elsewhere() {
         assert_eq!(chat(&gw, "m").await.status(), 200);
     }
 }
+
+#[tokio::test]
+async fn a_client_leaving_before_the_answer_closes_the_upstream_connection() {
+    use tokio::io::AsyncReadExt;
+    // A replica that takes the request, never answers, and reports when
+    // the gateway closes the connection (what stops a real one generating).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (got_request, request_arrived) = tokio::sync::oneshot::channel();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        assert!(stream.read(&mut buf).await.unwrap() > 0);
+        got_request.send(()).unwrap();
+        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        let _ = closed_tx.send(());
+    });
+    let pools = format!(
+        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], scheduling: {{policy: round-robin}}}}\n"
+    );
+    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    let url = format!("http://{}{CHAT}", gw.addr());
+    let client_request = tokio::spawn(async move {
+        let _ = client().post(url).body(r#"{"model":"m"}"#).send().await;
+    });
+    tokio::time::timeout(Duration::from_secs(10), request_arrived)
+        .await
+        .expect("the request never reached the replica")
+        .unwrap();
+    // The client goes away while the replica is still working.
+    client_request.abort();
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the gateway kept the upstream connection open")
+        .unwrap();
+}
