@@ -5,6 +5,7 @@
 mod admin;
 mod admit;
 pub mod body;
+mod drain;
 pub mod error;
 pub mod pipeline;
 mod pool;
@@ -21,10 +22,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::drain::Drain;
 use crate::pool::PoolRuntime;
 use crate::server::Workers;
 use crate::state::State;
@@ -39,7 +40,7 @@ pub struct Gateway {
     listeners: Vec<(String, SocketAddr)>,
     admin: Option<SocketAddr>,
     stop: watch::Sender<bool>,
-    graceful: Arc<GracefulShutdown>,
+    drain: Arc<Drain>,
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
     // After `state`, whose pools' upstream clients run on the workers.
@@ -81,7 +82,7 @@ impl Gateway {
         let state = Arc::new(State::new(spec, pools, metrics));
 
         let (stop, stop_rx) = watch::channel(false);
-        let graceful = Arc::new(GracefulShutdown::new());
+        let drain = Arc::new(Drain::new());
         let mut listeners = Vec::new();
         let mut accept_loops = Vec::new();
         for l in &spec.listeners {
@@ -93,7 +94,7 @@ impl Gateway {
                 Arc::clone(&workers),
                 handler,
                 stop_rx.clone(),
-                Arc::clone(&graceful),
+                Arc::clone(&drain),
             ));
             tracing::info!(listener = %l.name, %addr, "listening");
             listeners.push((l.name.clone(), addr));
@@ -108,7 +109,7 @@ impl Gateway {
                     Arc::clone(&workers),
                     handler,
                     stop_rx.clone(),
-                    Arc::clone(&graceful),
+                    Arc::clone(&drain),
                 ));
                 tracing::info!(%addr, "admin listening");
                 Some(addr)
@@ -120,7 +121,7 @@ impl Gateway {
             listeners,
             admin,
             stop,
-            graceful,
+            drain,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
             _workers: workers,
@@ -176,9 +177,8 @@ impl Gateway {
         for task in self.accept_loops {
             let _ = task.await;
         }
-        let graceful = Arc::try_unwrap(self.graceful)
-            .unwrap_or_else(|_| unreachable!("accept loops have ended and dropped their handles"));
-        let drained = tokio::time::timeout(self.drain_timeout, graceful.shutdown())
+        self.drain.start();
+        let drained = tokio::time::timeout(self.drain_timeout, self.drain.finished())
             .await
             .is_ok();
         if !drained {

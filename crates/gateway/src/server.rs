@@ -18,12 +18,12 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 
 use crate::body::ResponseBody;
+use crate::drain::Drain;
 
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.
@@ -108,14 +108,14 @@ async fn tick_forever() {
 const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serve `handler` on `listener` until `stop` turns true, then stop
-/// accepting and let open connections finish through `graceful`. Accepting
+/// accepting; open connections finish through `drain`. Accepting
 /// runs on the caller's runtime; each connection is handed to a worker.
 pub fn serve<H, F>(
     listener: TcpListener,
     workers: Arc<Workers>,
     handler: H,
     mut stop: watch::Receiver<bool>,
-    graceful: Arc<GracefulShutdown>,
+    drain: Arc<Drain>,
 ) -> tokio::task::JoinHandle<()>
 where
     H: Fn(WorkerId, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
@@ -152,7 +152,7 @@ where
             let conn = builder
                 .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .into_owned();
-            let conn = graceful.watch(conn);
+            let conn = drain.watch(conn);
             runtime.spawn(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
