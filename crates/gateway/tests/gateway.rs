@@ -690,13 +690,24 @@ async fn a_client_leaving_before_the_answer_closes_the_upstream_connection() {
     let addr = listener.local_addr().unwrap();
     let (got_request, request_arrived) = tokio::sync::oneshot::channel();
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    let signals = Arc::new(parking_lot::Mutex::new(Some((got_request, closed_tx))));
     tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.unwrap();
-        let mut buf = [0u8; 4096];
-        assert!(stream.read(&mut buf).await.unwrap() > 0);
-        got_request.send(()).unwrap();
-        while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-        let _ = closed_tx.send(());
+        // Other connections (the gateway probing the replica) come and go.
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let signals = Arc::clone(&signals);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                if !stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                    return;
+                }
+                let Some((got_request, closed_tx)) = signals.lock().take() else {
+                    return;
+                };
+                got_request.send(()).unwrap();
+                while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+                let _ = closed_tx.send(());
+            });
+        }
     });
     let pools = format!(
         "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], scheduling: {{policy: round-robin}}}}\n"
