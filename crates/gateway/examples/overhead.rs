@@ -211,8 +211,8 @@ impl Latencies {
         self.ok.len() + self.errors
     }
 
-    fn at(&mut self, q: f64) -> Duration {
-        self.ok.sort_unstable();
+    /// The `q` quantile; `ok` must be sorted.
+    fn at(&self, q: f64) -> Duration {
         self.ok
             .get(((self.ok.len().max(1) - 1) as f64 * q) as usize)
             .copied()
@@ -408,6 +408,7 @@ fn main() {
     }
     for (row, (&(_, _, proc), cpu)) in rows.iter_mut().zip(targets.iter().zip(cpu)) {
         row.cpu = proc.map(|_| cpu_per_request(cpu, row.lat.requests()));
+        row.lat.ok.sort_unstable();
         row.p50 = row.lat.at(0.50);
         row.p99 = row.lat.at(0.99);
     }

@@ -4,9 +4,8 @@
 //! The access log is a line per request, written from the data plane's
 //! threads. Writing each line itself would cost a request a `write(2)`;
 //! handing each line to a writer thread through a channel costs an
-//! allocation per line and, whenever the writer is waiting, a futex wake-up
-//! and a context switch — at saturation about a fifth of the gateway's CPU
-//! per request. Here a line is copied into a shared buffer under a lock;
+//! allocation per line and, whenever the writer is waiting — at moderate
+//! rates, for every line — a futex wake-up and a context switch. Here a line is copied into a shared buffer under a lock;
 //! only the first line into an empty buffer wakes the writer, which then
 //! lets lines gather for [`BATCH_DELAY`] before writing them all at once.
 //!

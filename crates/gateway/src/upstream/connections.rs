@@ -322,13 +322,12 @@ enum Conn {
 /// An HTTP/2 request that failed before any response byte because the
 /// connection was closed under it.
 fn is_stale_h2(e: &hyper::Error) -> bool {
-    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
     e.is_canceled()
         || e.is_closed()
         || e.is_incomplete_message()
         || std::error::Error::source(e)
             .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .is_some_and(|io| matches!(io.kind(), ConnectionReset | BrokenPipe | ConnectionAborted))
+            .is_some_and(http1::is_closed_by_peer)
 }
 
 impl Shared {

@@ -5,6 +5,8 @@
 pub mod connections;
 pub mod http1;
 
+use std::io::Write as _;
+
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Uri};
@@ -141,8 +143,8 @@ impl Outgoing<'_> {
         }
         field(REQUEST_ID.as_str().as_bytes(), self.request_id.as_bytes());
         field(TRACEPARENT.as_str().as_bytes(), self.traceparent.as_bytes());
-        field(b"content-length", self.body.len().to_string().as_bytes());
-        head.extend_from_slice(b"\r\n");
+        // Into the head directly: no string per request.
+        let _ = write!(head, "content-length: {}\r\n\r\n", self.body.len());
         head
     }
 

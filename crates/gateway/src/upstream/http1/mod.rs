@@ -50,12 +50,9 @@ impl Error {
     /// a reused connection, the close of an idle connection crossing the
     /// request on the wire.
     pub fn is_stale(&self) -> bool {
-        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
         match self {
             Error::Unanswered(None) => true,
-            Error::Unanswered(Some(e)) => {
-                matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
-            }
+            Error::Unanswered(Some(e)) => is_closed_by_peer(e),
             _ => false,
         }
     }
@@ -63,6 +60,12 @@ impl Error {
     fn invalid(what: impl Into<String>) -> Self {
         Error::Invalid(what.into())
     }
+}
+
+/// The peer closed or reset the connection under the operation.
+pub(super) fn is_closed_by_peer(e: &io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted)
 }
 
 /// A response head, and how its body is framed.
@@ -195,7 +198,7 @@ impl Connection {
 /// Parse a complete response head from the start of `buf` and consume it;
 /// `None` if more bytes are needed. Informational (1xx) responses are
 /// skipped.
-pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
+fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
     loop {
         // Uninitialised: this runs per response, and most fill a handful.
         let mut headers = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
@@ -341,7 +344,7 @@ pub struct Decoder {
 
 /// What [`Decoder::decode`] found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Step {
+enum Step {
     Data(Bytes),
     /// Nothing more can be decoded from the bytes so far.
     NeedMore,
@@ -377,7 +380,7 @@ impl Decoder {
     }
 
     /// The next piece of body data in `buf` (consumed from it).
-    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
+    fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
         loop {
             match self.framing {
                 Framing::Done => return Ok(Step::End),
