@@ -6,10 +6,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::body::{self, ResponseBody};
+use crate::body::{self, RequestBody, ResponseBody};
 use crate::error::ApiError;
 use crate::pool::PoolRuntime;
 use crate::state::State;
@@ -17,7 +16,7 @@ use crate::state::State;
 /// The OpenMetrics text format; Prometheus reads it natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<ResponseBody> {
+pub async fn handle(state: Arc<State>, req: Request<RequestBody>) -> Response<ResponseBody> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => plain(StatusCode::OK, "ok".into()),
         (&Method::GET, "/readyz") => {

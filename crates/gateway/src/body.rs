@@ -1,5 +1,5 @@
-//! Response bodies: a gateway-made body, or a replica's body streamed
-//! through frame by frame.
+//! Request bodies as the pipeline receives them, and response bodies: a
+//! gateway-made body, or a replica's body streamed through frame by frame.
 //!
 //! A proxied body owns the request's [`Lease`] on its replica and its [`Record`], so
 //! the replica's load is released and the request is recorded exactly once,
@@ -17,10 +17,19 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::admit::Lease;
+use crate::error::ApiError;
 use crate::record::Record;
 use crate::upstream::connections;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A request's body: read by the HTTP/1.1 server before the request is
+/// handled (or refused by it: too large, or its framing malformed), or
+/// still arriving on an HTTP/2 stream.
+pub enum RequestBody {
+    Read(Result<Bytes, ApiError>),
+    Streaming(hyper::body::Incoming),
+}
 
 pub fn full(bytes: Bytes) -> ResponseBody {
     ResponseBody::Full(Some(bytes))

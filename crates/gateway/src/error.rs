@@ -76,6 +76,51 @@ impl ApiError {
         }
     }
 
+    /// The request is not valid HTTP/1.1; the connection closes after.
+    pub fn malformed(what: impl std::fmt::Display) -> Self {
+        Self {
+            code: Some("malformed_request"),
+            ..Self::invalid_request(format!("Malformed HTTP request: {what}."))
+        }
+    }
+
+    pub fn head_too_large(limit: usize) -> Self {
+        Self {
+            code: Some("headers_too_large"),
+            ..Self::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                format!("The request line and headers are larger than {limit} bytes."),
+            )
+        }
+    }
+
+    pub fn request_timeout(limit: Duration) -> Self {
+        Self {
+            code: Some("request_timeout"),
+            ..Self::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "The request did not arrive in full within {} s.",
+                    limit.as_secs()
+                ),
+            )
+        }
+    }
+
+    /// A transfer coding other than chunked (RFC 9112 §6.1).
+    pub fn unsupported_transfer_coding() -> Self {
+        Self {
+            code: Some("unsupported_transfer_coding"),
+            ..Self::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "invalid_request_error",
+                "Only the chunked transfer coding is supported.",
+            )
+        }
+    }
+
     pub fn not_found(path: &str) -> Self {
         Self {
             code: Some("not_found"),

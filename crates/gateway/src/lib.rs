@@ -95,6 +95,7 @@ impl Gateway {
                 handler,
                 stop_rx.clone(),
                 Arc::clone(&drain),
+                spec.limits.max_body_bytes(),
             ));
             tracing::info!(listener = %l.name, %addr, "listening");
             listeners.push((l.name.clone(), addr));
@@ -110,6 +111,7 @@ impl Gateway {
                     handler,
                     stop_rx.clone(),
                     Arc::clone(&drain),
+                    spec.limits.max_body_bytes(),
                 ));
                 tracing::info!(%addr, "admin listening");
                 Some(addr)

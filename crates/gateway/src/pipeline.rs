@@ -22,12 +22,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::admit::{DropReason, OwnedPick, Ticket};
-use crate::body::{self, ProxiedBody, ResponseBody};
+use crate::body::{self, ProxiedBody, RequestBody, ResponseBody};
 use crate::error::ApiError;
 use crate::pool::PoolRuntime;
 use crate::record::Record;
@@ -53,7 +52,7 @@ const SCORES_HEADER_LIMIT: usize = 8;
 pub async fn handle(
     state: Arc<State>,
     worker: WorkerId,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
 ) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(&req);
@@ -103,7 +102,7 @@ pub async fn handle(
 async fn infer(
     state: &State,
     worker: WorkerId,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     mut record: Record,
     request_id: &HeaderValue,
     traceparent: &HeaderValue,
@@ -275,11 +274,17 @@ fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
     error.into_response()
 }
 
+/// The whole request body: read by the HTTP/1.1 server already, or from
+/// an HTTP/2 stream here, within the same limit.
 async fn read_body(
-    body: Incoming,
+    body: RequestBody,
     headers: &http::HeaderMap,
     limit: u64,
 ) -> Result<Bytes, ApiError> {
+    let body = match body {
+        RequestBody::Read(read) => return read,
+        RequestBody::Streaming(incoming) => incoming,
+    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -332,7 +337,7 @@ fn decision_headers(
     }
 }
 
-fn request_id(req: &Request<Incoming>) -> HeaderValue {
+fn request_id(req: &Request<RequestBody>) -> HeaderValue {
     req.headers()
         .get(REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 128)

@@ -484,6 +484,72 @@ async fn h2c_pools_are_reached_over_http2() {
 }
 
 #[tokio::test]
+async fn clients_may_speak_http2_with_prior_knowledge() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let body = r#"{"model":"m","messages":[]}"#;
+    for _ in 0..3 {
+        let resp = h2
+            .post(format!("http://{}{CHAT}", gw.addr()))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.version(), http::Version::HTTP_2);
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().contains_key("x-request-id"));
+    }
+    let resp = h2
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .body(r#"{"model":"nope"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_of(resp).await.0, 404);
+    assert!(a.received().iter().all(|r| r.body == body.as_bytes()));
+}
+
+#[tokio::test]
+async fn a_stream_to_an_http_1_0_client_ends_with_the_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = FakeReplica::start("a", Behaviour::Stream).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
+        .await
+        .unwrap();
+    let mut conn = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    let body = r#"{"model":"m","stream":true}"#;
+    let req = format!(
+        "POST {CHAT} HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let events = a.next_stream().await;
+    for event in ["data: 1\n\n", "data: [DONE]\n\n"] {
+        events
+            .send(Bytes::from_static(event.as_bytes()))
+            .await
+            .unwrap();
+    }
+    drop(events);
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut answer))
+        .await
+        .expect("the gateway closes the connection at the stream's end")
+        .unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(!head.contains("transfer-encoding"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(body, "data: 1\n\ndata: [DONE]\n\n");
+}
+
+#[tokio::test]
 async fn a_replica_slow_to_answer_is_a_504_and_is_not_retried() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let slow = FakeReplica::start("slow", Behaviour::Held(Arc::clone(&gate))).await;

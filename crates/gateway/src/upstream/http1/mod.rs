@@ -344,7 +344,7 @@ pub struct Decoder {
 
 /// What [`Decoder::decode`] found.
 #[derive(Debug, PartialEq, Eq)]
-enum Step {
+pub(crate) enum Step {
     Data(Bytes),
     /// Nothing more can be decoded from the bytes so far.
     NeedMore,
@@ -379,8 +379,17 @@ impl Decoder {
         }
     }
 
+    /// A body of `length` bytes.
+    pub(crate) fn with_length(length: u64) -> Self {
+        Self::new(Framing::Length(length))
+    }
+
+    pub(crate) fn chunked() -> Self {
+        Self::new(Framing::Chunked(Chunk::Size))
+    }
+
     /// The next piece of body data in `buf` (consumed from it).
-    fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
         loop {
             match self.framing {
                 Framing::Done => return Ok(Step::End),

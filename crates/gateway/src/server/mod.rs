@@ -1,5 +1,6 @@
-//! Listeners: accept connections, serve HTTP/1.1 and h2c on them, and
-//! drain them on shutdown.
+//! Listeners: accept connections, serve HTTP/1.1 ([`http1`], our own) and
+//! HTTP/2 with prior knowledge ([`http2`], hyper's) on them, and drain them
+//! on shutdown.
 //!
 //! Connections are served by [`Workers`]: one single-threaded runtime per
 //! core, each serving its connections from start to end, with its own
@@ -7,22 +8,20 @@
 //! then stay on one thread: no work stealing, no wake-ups across threads,
 //! which at low load cost more than the proxying itself.
 
-use std::convert::Infallible;
+mod http1;
+mod http2;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Request, Response};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 
-use crate::body::ResponseBody;
+use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Drain;
 
 /// Index of the worker thread serving a request; selects its upstream
@@ -110,19 +109,20 @@ const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Serve `handler` on `listener` until `stop` turns true, then stop
 /// accepting; open connections finish through `drain`. Accepting
 /// runs on the caller's runtime; each connection is handed to a worker.
+/// Request bodies over `max_body` bytes are refused.
 pub fn serve<H, F>(
     listener: TcpListener,
     workers: Arc<Workers>,
     handler: H,
     mut stop: watch::Receiver<bool>,
     drain: Arc<Drain>,
+    max_body: u64,
 ) -> tokio::task::JoinHandle<()>
 where
-    H: Fn(WorkerId, Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(WorkerId, Request<RequestBody>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     tokio::spawn(async move {
-        let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let (stream, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -144,18 +144,19 @@ where
                     continue;
                 }
             };
+            // Counted as open from now: a drain that starts before the
+            // connection's task first runs still waits for it.
+            let watch = drain.watch();
             let handler = handler.clone();
-            let service = service_fn(move |req| {
-                let fut = handler(worker, req);
-                async move { Ok::<_, Infallible>(fut.await) }
-            });
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let conn = drain.watch(conn);
             runtime.spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                let mut conn = http1::Connection::new(stream);
+                match conn.starts_with_http2(&watch).await {
+                    None => {}
+                    Some(false) => conn.serve(handler, worker, max_body, watch).await,
+                    Some(true) => {
+                        let (io, read) = conn.into_parts();
+                        http2::serve(io, read, handler, worker, watch, peer).await;
+                    }
                 }
             });
         }

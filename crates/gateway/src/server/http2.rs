@@ -1,0 +1,104 @@
+//! HTTP/2 with prior knowledge (h2c) from clients, served by hyper. The
+//! connection's first bytes, read to tell it from HTTP/1.1, are replayed
+//! to hyper before the socket's.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::WorkerId;
+use crate::body::{RequestBody, ResponseBody};
+use crate::drain::Watch;
+
+pub async fn serve<H, F>(
+    io: TcpStream,
+    read: Bytes,
+    handler: H,
+    worker: WorkerId,
+    watch: Watch,
+    peer: SocketAddr,
+) where
+    H: Fn(WorkerId, Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let service = service_fn(move |req: Request<Incoming>| {
+        let handling = handler(worker, req.map(RequestBody::Streaming));
+        async move { Ok::<_, Infallible>(handling.await) }
+    });
+    let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(Replayed { read, io }), service);
+    let mut conn = pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        () = watch.draining() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(%peer, error = %e, "connection ended with an error");
+    }
+}
+
+/// A socket whose first bytes were already read: `read` comes first.
+struct Replayed {
+    read: Bytes,
+    io: TcpStream,
+}
+
+impl AsyncRead for Replayed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.read.is_empty() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let n = self.read.len().min(buf.remaining());
+        buf.put_slice(&self.read[..n]);
+        self.read.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Replayed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
