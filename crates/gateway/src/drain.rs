@@ -45,6 +45,7 @@ impl Drain {
         self.inner.open.lock().insert(id, Arc::clone(&waker));
         Watch {
             waker,
+            registered: AtomicBool::new(false),
             id,
             inner: Arc::clone(&self.inner),
         }
@@ -77,9 +78,13 @@ impl Drain {
     }
 }
 
-/// One open connection's view of its [`Drain`].
+/// One open connection's view of its [`Drain`], used by the one task that
+/// serves the connection.
 pub struct Watch {
     waker: Arc<AtomicWaker>,
+    /// The task's waker is registered: it stays valid for the task's life,
+    /// so it is registered once rather than on every wait for a request.
+    registered: AtomicBool,
     id: u64,
     inner: Arc<Inner>,
 }
@@ -90,11 +95,14 @@ impl Watch {
     }
 
     /// Ready once draining has started; until then, a drain that starts
-    /// wakes the task that polled.
+    /// wakes the task that first polled.
     pub fn poll_draining(&self, cx: &mut Context<'_>) -> Poll<()> {
         // Registered before the flag is read: a drain that starts after the
         // read wakes this task.
-        self.waker.register(cx.waker());
+        if !self.registered.load(Ordering::Relaxed) {
+            self.registered.store(true, Ordering::Relaxed);
+            self.waker.register(cx.waker());
+        }
         if self.is_draining() {
             Poll::Ready(())
         } else {

@@ -57,36 +57,41 @@ fn end_to_end(from: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &HeaderVal
 
 /// [`end_to_end`] in place: drop hop-by-hop headers and any header the
 /// `Connection` header names, keeping the first `Content-Length` if
-/// `keep_content_length`. Allocates nothing unless a `Connection` header is
-/// present.
+/// `keep_content_length`. Allocates only for a `Connection` header naming
+/// a header beyond `close` and `keep-alive`, which replicas rarely send.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_content_length: bool) {
     if headers.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderValue> = headers
+        // `close` names no header, and `keep-alive` one dropped below.
+        let named: Vec<HeaderName> = headers
             .get_all(header::CONNECTION)
-            .iter()
-            .cloned()
-            .collect();
-        for name in named
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .map(str::trim)
-        {
-            if !(keep_content_length && name.eq_ignore_ascii_case(header::CONTENT_LENGTH.as_str()))
-            {
-                // Not a valid header name: nothing has it.
-                headers.remove(name);
-            }
+            .filter(|t| !t.eq_ignore_ascii_case("close") && !t.eq_ignore_ascii_case("keep-alive"))
+            .filter(|t| !(keep_content_length && t.eq_ignore_ascii_case("content-length")))
+            // Not a valid header name: nothing has it.
+            .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
         }
     }
     let drop = |name: &HeaderName| {
         is_hop_by_hop(name) && !(keep_content_length && name == header::CONTENT_LENGTH)
     };
-    if headers.keys().any(drop) {
-        let names: Vec<HeaderName> = headers.keys().filter(|n| drop(n)).cloned().collect();
-        for name in names {
-            headers.remove(name);
+    // Every hop-by-hop name at most once: a fixed array suffices.
+    let mut found: [Option<HeaderName>; 10] = Default::default();
+    let mut n = 0;
+    for name in headers.keys().filter(|n| drop(n)) {
+        if n == found.len() {
+            break;
         }
+        found[n] = Some(name.clone());
+        n += 1;
+    }
+    for name in found.into_iter().flatten() {
+        headers.remove(name);
     }
     if keep_content_length {
         let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
