@@ -82,13 +82,8 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap, keep_content_length: bool) {
     };
     // Every hop-by-hop name at most once: a fixed array suffices.
     let mut found: [Option<HeaderName>; 10] = Default::default();
-    let mut n = 0;
-    for name in headers.keys().filter(|n| drop(n)) {
-        if n == found.len() {
-            break;
-        }
-        found[n] = Some(name.clone());
-        n += 1;
+    for (slot, name) in found.iter_mut().zip(headers.keys().filter(|n| drop(n))) {
+        *slot = Some(name.clone());
     }
     for name in found.into_iter().flatten() {
         headers.remove(name);
