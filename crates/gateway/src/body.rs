@@ -47,9 +47,11 @@ pub enum ResponseBody {
 pub struct ProxiedBody {
     inner: connections::Body,
     idle_timeout: Duration,
-    /// Fires `idle_timeout` after the last frame. Moved forward lazily, when
-    /// it fires, so a busy stream does not touch the timer on every frame.
-    idle: Pin<Box<Sleep>>,
+    /// Fires `idle_timeout` after the last frame. Armed the first time the
+    /// body has to wait, which a response that arrives whole never does,
+    /// and moved forward lazily, when it fires, so that a busy stream does
+    /// not touch the timer on every frame.
+    idle: Option<Pin<Box<Sleep>>>,
     last_frame: Instant,
     // Dropped with the body; see the module comment.
     lease: Lease,
@@ -63,12 +65,11 @@ impl ProxiedBody {
         record: Record,
         idle_timeout: Duration,
     ) -> Self {
-        let now = Instant::now();
         Self {
             inner,
             idle_timeout,
-            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
-            last_frame: now,
+            idle: None,
+            last_frame: Instant::now(),
             lease: load,
             record,
         }
@@ -135,10 +136,13 @@ impl ProxiedBody {
                 Poll::Ready(None)
             }
             Poll::Pending => loop {
-                ready!(self.idle.as_mut().poll(cx));
                 let deadline = self.last_frame + self.idle_timeout;
+                let idle = self
+                    .idle
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+                ready!(idle.as_mut().poll(cx));
                 if deadline > Instant::now() {
-                    self.idle.as_mut().reset(deadline);
+                    idle.as_mut().reset(deadline);
                     continue;
                 }
                 let err = IdleTimeout(self.idle_timeout);
