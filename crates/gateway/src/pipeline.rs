@@ -2,7 +2,8 @@
 //! stages in order; any stage may answer the client directly with an
 //! OpenAI-shaped error.
 //!
-//! 1. accept — listener and connection limits (server.rs); body size here
+//! 1. accept — listeners and HTTP (server/), which reads the body within
+//!    its size limit
 //! 2. authenticate — API key / JWT → tenant (not yet: every caller is anonymous)
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
 //! 4. route — model name → pool (+ adapter)
