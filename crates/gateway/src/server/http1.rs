@@ -33,7 +33,7 @@ use super::WorkerId;
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::ApiError;
-use crate::upstream::http1::{Decoder, Step};
+use crate::framing::{Decoder, Step};
 
 /// Largest request head accepted (request line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;

@@ -9,8 +9,9 @@
 //! is the same: send a small head and a body we already hold, read a head,
 //! then stream a body back as it arrives.
 //!
-//! Parsing ([`parse_head`], [`Decoder`]) is pure, over the bytes read so
-//! far, so it is tested byte by byte; the I/O around it is thin.
+//! Parsing ([`parse_head`], and [`Decoder`] for the body) is pure, over the
+//! bytes read so far, so it is tested byte by byte; the I/O around it is
+//! thin.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -22,12 +23,13 @@ use http::{StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+pub use crate::framing::Decoder;
+use crate::framing::{DecodeError, Step};
+
 /// Largest response head accepted (status line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;
 /// Most headers in a response head.
 const MAX_HEADERS: usize = 100;
-/// Longest chunk-size or trailer line.
-const LINE_LIMIT: usize = 4 * 1024;
 /// Bytes asked of the socket per read.
 const READ_SIZE: usize = 16 * 1024;
 
@@ -43,6 +45,15 @@ pub enum Error {
     Incomplete,
     #[error("the replica sent an invalid response: {0}")]
     Invalid(String),
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        match e {
+            DecodeError::Incomplete => Error::Incomplete,
+            DecodeError::Invalid(what) => Error::Invalid(what),
+        }
+    }
 }
 
 impl Error {
@@ -167,10 +178,10 @@ impl Connection {
                 Ok(Step::Data(data)) => return Poll::Ready(Some(Ok(data))),
                 Ok(Step::End) => return Poll::Ready(None),
                 Ok(Step::NeedMore) => {}
-                Err(e) => return Poll::Ready(Some(Err(e))),
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
             }
             match ready!(self.poll_fill(cx)) {
-                Ok(0) => decoder.eof = true,
+                Ok(0) => decoder.set_eof(),
                 Ok(_) => {}
                 Err(e) => return Poll::Ready(Some(Err(Error::Io(e)))),
             }
@@ -249,11 +260,11 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
         let (mut parts, ()) = http::Response::new(()).into_parts();
         parts.status = status;
         parts.version = version;
-        let (framing, keep_alive) = framing(status, version, &mut map)?;
+        let (decoder, keep_alive) = framing(status, version, &mut map)?;
         parts.headers = map;
         return Ok(Some(Head {
             parts,
-            decoder: Decoder::new(framing),
+            decoder,
             keep_alive,
         }));
     }
@@ -268,14 +279,14 @@ fn framing(
     status: StatusCode,
     version: Version,
     headers: &mut HeaderMap,
-) -> Result<(Framing, bool), Error> {
+) -> Result<(Decoder, bool), Error> {
     let mut close = headers
         .get_all(header::CONNECTION)
         .iter()
         .flat_map(|v| v.as_bytes().split(|&b| b == b','))
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-    let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        Framing::Length(0)
+    let decoder = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        Decoder::with_length(0)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
         close |= headers.remove(header::CONTENT_LENGTH).is_some();
         let last = headers
@@ -285,9 +296,9 @@ fn framing(
             .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
             .map(<[u8]>::trim_ascii);
         if last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")) {
-            Framing::Chunked(Chunk::Size)
+            Decoder::chunked()
         } else {
-            Framing::UntilClose
+            Decoder::until_close()
         }
     } else if headers.contains_key(header::CONTENT_LENGTH) {
         let mut length = None;
@@ -304,242 +315,12 @@ fn framing(
                 length = Some(n);
             }
         }
-        Framing::Length(length.unwrap_or_default())
+        Decoder::with_length(length.unwrap_or_default())
     } else {
-        Framing::UntilClose
+        Decoder::until_close()
     };
-    let keep_alive = version == Version::HTTP_11 && !close && framing != Framing::UntilClose;
-    Ok((framing, keep_alive))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// This many bytes are left.
-    Length(u64),
-    Chunked(Chunk),
-    /// Everything until the replica closes the connection.
-    UntilClose,
-    Done,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    /// A chunk-size line is next.
-    Size,
-    /// This many bytes of chunk data are left.
-    Data(u64),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// Trailer lines, up to a blank one.
-    Trailers,
-}
-
-/// Reads a body's framing out of the bytes received and yields its data.
-#[derive(Debug)]
-pub struct Decoder {
-    framing: Framing,
-    /// The replica closed the connection.
-    eof: bool,
-}
-
-/// What [`Decoder::decode`] found.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step {
-    Data(Bytes),
-    /// Nothing more can be decoded from the bytes so far.
-    NeedMore,
-    End,
-}
-
-impl Decoder {
-    fn new(framing: Framing) -> Self {
-        let framing = match framing {
-            Framing::Length(0) => Framing::Done,
-            f => f,
-        };
-        Self {
-            framing,
-            eof: false,
-        }
-    }
-
-    /// Whether the body has been read to its end. A chunked body is known
-    /// to end as soon as its last chunk and terminator have arrived, even
-    /// if the data before them has not been asked for.
-    pub fn is_end(&self) -> bool {
-        self.framing == Framing::Done
-    }
-
-    /// Bytes of body left, when known.
-    pub fn remaining(&self) -> Option<u64> {
-        match self.framing {
-            Framing::Length(n) => Some(n),
-            Framing::Done => Some(0),
-            _ => None,
-        }
-    }
-
-    /// A body of `length` bytes.
-    pub(crate) fn with_length(length: u64) -> Self {
-        Self::new(Framing::Length(length))
-    }
-
-    pub(crate) fn chunked() -> Self {
-        Self::new(Framing::Chunked(Chunk::Size))
-    }
-
-    /// The next piece of body data in `buf` (consumed from it).
-    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Step, Error> {
-        loop {
-            match self.framing {
-                Framing::Done => return Ok(Step::End),
-                Framing::Length(left) => {
-                    let Some(data) = take(buf, left) else {
-                        return self.need_more(Error::Incomplete);
-                    };
-                    let left = left - data.len() as u64;
-                    self.framing = if left == 0 {
-                        Framing::Done
-                    } else {
-                        Framing::Length(left)
-                    };
-                    return Ok(Step::Data(data));
-                }
-                Framing::UntilClose => {
-                    if !buf.is_empty() {
-                        return Ok(Step::Data(buf.split().freeze()));
-                    }
-                    if self.eof {
-                        self.framing = Framing::Done;
-                        return Ok(Step::End);
-                    }
-                    return Ok(Step::NeedMore);
-                }
-                Framing::Chunked(Chunk::Data(left)) => {
-                    let Some(data) = take(buf, left) else {
-                        return self.need_more(Error::Incomplete);
-                    };
-                    let left = left - data.len() as u64;
-                    self.framing = Framing::Chunked(if left == 0 {
-                        Chunk::DataEnd
-                    } else {
-                        Chunk::Data(left)
-                    });
-                    // Step over the framing that follows if it has arrived,
-                    // so that the end is known with the last data.
-                    self.settle(buf);
-                    return Ok(Step::Data(data));
-                }
-                Framing::Chunked(chunk) => {
-                    if !self.step_chunked(buf, chunk)? {
-                        return self.need_more(Error::Incomplete);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Consume the chunked framing at the front of `buf` up to the next
-    /// data or the end. An error is left for the next [`Decoder::decode`]
-    /// to report, as nothing is consumed by a step that fails.
-    fn settle(&mut self, buf: &mut BytesMut) {
-        while let Framing::Chunked(c @ (Chunk::DataEnd | Chunk::Size | Chunk::Trailers)) =
-            self.framing
-        {
-            if !matches!(self.step_chunked(buf, c), Ok(true)) {
-                break;
-            }
-        }
-    }
-
-    fn need_more(&self, at_eof: Error) -> Result<Step, Error> {
-        if self.eof {
-            Err(at_eof)
-        } else {
-            Ok(Step::NeedMore)
-        }
-    }
-
-    /// Consume one piece of chunked framing (a size line, a data CRLF, a
-    /// trailer line) from `buf`; false if it has not fully arrived.
-    fn step_chunked(&mut self, buf: &mut BytesMut, chunk: Chunk) -> Result<bool, Error> {
-        match chunk {
-            Chunk::Data(_) => unreachable!("data is taken by decode"),
-            Chunk::DataEnd => {
-                if buf.starts_with(b"\r\n") {
-                    buf.advance(2);
-                } else if buf.starts_with(b"\n") {
-                    buf.advance(1);
-                } else if buf.is_empty() || &buf[..] == b"\r" {
-                    return Ok(false);
-                } else {
-                    return Err(Error::invalid("chunk data not followed by CRLF"));
-                }
-                self.framing = Framing::Chunked(Chunk::Size);
-            }
-            Chunk::Size => {
-                let Some((len, next)) = line(buf)? else {
-                    return Ok(false);
-                };
-                let size = chunk_size(&buf[..len])?;
-                buf.advance(next);
-                self.framing = Framing::Chunked(if size == 0 {
-                    Chunk::Trailers
-                } else {
-                    Chunk::Data(size)
-                });
-            }
-            Chunk::Trailers => {
-                let Some((len, next)) = line(buf)? else {
-                    return Ok(false);
-                };
-                buf.advance(next);
-                // Trailers are not passed on: the client's response is
-                // framed anew, and nothing the replicas send needs them.
-                if len == 0 {
-                    self.framing = Framing::Done;
-                }
-            }
-        }
-        Ok(true)
-    }
-}
-
-/// Up to `left` bytes from the front of `buf`; `None` if it is empty.
-fn take(buf: &mut BytesMut, left: u64) -> Option<Bytes> {
-    if buf.is_empty() {
-        return None;
-    }
-    let n = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-    Some(buf.split_to(n).freeze())
-}
-
-/// The length of the first line in `buf` without its line ending, and
-/// where the next line starts; `None` if it has not fully arrived.
-fn line(buf: &[u8]) -> Result<Option<(usize, usize)>, Error> {
-    let Some(end) = memchr::memchr(b'\n', buf) else {
-        if buf.len() > LINE_LIMIT {
-            return Err(Error::invalid(format!("a line over {LINE_LIMIT} bytes")));
-        }
-        return Ok(None);
-    };
-    let len = if end > 0 && buf[end - 1] == b'\r' {
-        end - 1
-    } else {
-        end
-    };
-    Ok(Some((len, end + 1)))
-}
-
-/// A chunk-size line: hexadecimal digits, then optional extensions.
-fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    let rest = line[digits..].trim_ascii_start();
-    if digits == 0 || digits > 16 || !(rest.is_empty() || rest[0] == b';') {
-        return Err(Error::invalid("an invalid chunk size"));
-    }
-    let digits = std::str::from_utf8(&line[..digits]).expect("hex digits are ASCII");
-    u64::from_str_radix(digits, 16).map_err(|_| Error::invalid("an invalid chunk size"))
+    let keep_alive = version == Version::HTTP_11 && !close && !decoder.is_until_close();
+    Ok((decoder, keep_alive))
 }
 
 #[cfg(test)]
