@@ -27,7 +27,7 @@ enum Framing {
     /// This many bytes are left.
     Length(u64),
     Chunked(Chunk),
-    /// Everything until the replica closes the connection.
+    /// Everything until the peer closes the connection.
     UntilClose,
     Done,
 }
