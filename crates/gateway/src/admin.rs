@@ -76,7 +76,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
                     .map_or(Value::Null, candidate_json)
             });
             json!({
-                "address": e.addr,
+                "address": &*e.addr,
                 "reachable": e.is_reachable(),
                 "health": health.name(),
                 "stale": health != picker::Health::Healthy,
@@ -110,7 +110,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
         })
         .collect();
     json!({
-        "name": pool.name,
+        "name": &*pool.name,
         "engine": pool.spec.engine.as_str(),
         "policy": cfg.policy.name(),
         "ready": pool.is_ready(now),

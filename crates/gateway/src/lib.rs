@@ -157,9 +157,9 @@ impl Gateway {
                     .picker
                     .endpoints()
                     .iter()
-                    .map(|e| e.addr.clone())
+                    .map(|e| e.addr.to_string())
                     .collect();
-                (p.name.clone(), addrs)
+                (p.name.to_string(), addrs)
             })
             .collect()
     }
@@ -167,7 +167,7 @@ impl Gateway {
     /// Requests waiting in a pool's flow-control queue, per band
     /// (critical, standard, sheddable). `None` for an unknown pool.
     pub fn queued(&self, pool: &str) -> Option<[usize; 3]> {
-        let pool = self.state.pools.iter().find(|p| p.name == pool)?;
+        let pool = self.state.pools.iter().find(|p| &*p.name == pool)?;
         Some(config::Priority::ALL.map(|band| pool.admission.queued(band).0))
     }
 

@@ -68,11 +68,7 @@ pub async fn handle(
             let span = telemetry::request_span(req.method(), path, &request_id);
             // Before the span is first entered: it may join the caller's trace.
             let (trace, traceparent) = trace_context::upstream(req.headers(), &span);
-            let mut record = Record::new(
-                request_id.to_str().unwrap_or("-").to_owned(),
-                start,
-                span.clone(),
-            );
+            let mut record = Record::new(request_id.clone(), start, span.clone());
             record.trace_id = Some(trace.trace_id);
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
@@ -318,7 +314,7 @@ fn decision_headers(
     queue_wait: std::time::Duration,
 ) {
     let pairs = [
-        (X_POOL, pool.name.clone()),
+        (X_POOL, pool.name.to_string()),
         (X_ENDPOINT, endpoint.to_owned()),
         (
             X_SCORES,

@@ -14,7 +14,7 @@ use crate::upstream::Connections;
 use crate::upstream::connections::Settings;
 
 pub struct PoolRuntime {
-    pub name: String,
+    pub name: Arc<str>,
     pub spec: config::Pool,
     pub picker: Arc<picker::Pool>,
     /// Flow control in front of the picker.
@@ -52,7 +52,7 @@ impl PoolRuntime {
             metrics.pick_duration(&spec.name),
         );
         Self {
-            name: spec.name.clone(),
+            name: Arc::from(spec.name.as_str()),
             metrics: metrics.pool(spec, &picker, &admission),
             admission,
             picker,

@@ -28,12 +28,13 @@ pub const CLIENT_CLOSED: u16 = 499;
 
 #[derive(Debug)]
 pub struct Record {
-    pub request_id: String,
+    /// Shares the bytes of the header it came from (or was sent back in).
+    pub request_id: http::HeaderValue,
     /// The authenticated caller, once authentication exists.
     pub tenant: Option<String>,
     pub model: Option<String>,
-    pub pool: Option<String>,
-    pub endpoint: Option<String>,
+    pub pool: Option<Arc<str>>,
+    pub endpoint: Option<Arc<str>>,
     pub status: u16,
     pub stream: bool,
     pub retries: u32,
@@ -61,7 +62,7 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn new(request_id: String, start: Instant, span: tracing::Span) -> Self {
+    pub fn new(request_id: http::HeaderValue, start: Instant, span: tracing::Span) -> Self {
         Self {
             request_id,
             tenant: None,
@@ -209,7 +210,7 @@ impl Drop for Record {
         tracing::info!(
             target: ACCESS_TARGET,
             parent: span,
-            request_id = %self.request_id,
+            request_id = self.request_id.to_str().unwrap_or("-"),
             tenant = self.tenant.as_deref(),
             model = self.model.as_deref(),
             pool = self.pool.as_deref(),

@@ -116,7 +116,7 @@ impl Drop for LoadGuard {
 #[derive(Debug)]
 pub struct Endpoint {
     /// `host:port`.
-    pub addr: String,
+    pub addr: Arc<str>,
     /// Position in the pool's endpoint list; stable for the pool's lifetime.
     pub index: usize,
     pub load: Load,
@@ -139,7 +139,7 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn new(index: usize, addr: impl Into<String>) -> Arc<Self> {
+    pub fn new(index: usize, addr: impl Into<Arc<str>>) -> Arc<Self> {
         Arc::new(Self {
             addr: addr.into(),
             index,

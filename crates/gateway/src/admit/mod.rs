@@ -63,6 +63,10 @@ impl DropReason {
     }
 }
 
+thread_local! {
+    static NO_KEY: Arc<str> = Arc::from("");
+}
+
 /// A request's place in flow control: its band, its fairness key and the
 /// bytes it holds while waiting.
 #[derive(Debug, Clone)]
@@ -98,18 +102,16 @@ impl Ticket {
                 }
             }
         };
-        let key = headers
-            .get(FAIRNESS_HEADER)
-            .map(|v| {
+        let key = match headers.get(FAIRNESS_HEADER) {
+            Some(v) => {
                 let b = v.as_bytes();
-                String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)]).into_owned()
-            })
-            .unwrap_or_default();
-        Ok(Self {
-            band,
-            key: Arc::from(key),
-            bytes,
-        })
+                Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)]))
+            }
+            // Most requests carry no key: they share one, without an
+            // allocation each.
+            None => NO_KEY.with(Arc::clone),
+        };
+        Ok(Self { band, key, bytes })
     }
 }
 

@@ -89,7 +89,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             let s = obs.state.as_deref();
             rows.push(Row {
                 pool: pool.name.clone(),
-                endpoint: e.addr.clone(),
+                endpoint: e.addr.to_string(),
                 inflight: e.load.requests(),
                 unanswered: e.load.unanswered(),
                 waiting: s.and_then(|s| s.waiting),

@@ -356,7 +356,7 @@ impl PoolMetrics {
     /// theirs from the family (a label lookup, only for them).
     pub fn endpoint(&self, endpoint: &picker::Endpoint) -> EndpointMetrics {
         match self.endpoints.get(endpoint.index) {
-            Some(m) if *m.addr == endpoint.addr => m.clone(),
+            Some(m) if m.addr.as_str() == &*endpoint.addr => m.clone(),
             _ => EndpointMetrics::new(&self.families, &self.name, &endpoint.addr),
         }
     }
@@ -368,7 +368,7 @@ impl PoolMetrics {
         }
         let endpoint = &*decision.endpoint;
         match self.endpoints.get(endpoint.index) {
-            Some(m) if *m.addr == endpoint.addr => {
+            Some(m) if m.addr.as_str() == &*endpoint.addr => {
                 m.decisions.inc();
             }
             _ => {

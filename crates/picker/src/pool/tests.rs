@@ -586,7 +586,7 @@ fn replacing_endpoints_forgets_departed_replicas() {
         0,
         "index 1 is a new replica"
     );
-    assert_eq!(pool.endpoints()[1].addr, "10.0.0.99:8000");
+    assert_eq!(&*pool.endpoints()[1].addr, "10.0.0.99:8000");
 }
 
 #[test]
