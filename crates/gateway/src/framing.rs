@@ -4,6 +4,7 @@
 //! is tested a byte at a time.
 
 use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName};
 
 /// Longest chunk-size or trailer line.
 const LINE_LIMIT: usize = 4 * 1024;
@@ -20,6 +21,47 @@ impl DecodeError {
     fn invalid(what: impl Into<String>) -> Self {
         DecodeError::Invalid(what.into())
     }
+}
+
+/// The length a message's `Content-Length` headers declare, `None`
+/// without one. Repeated equal values are one length; differing or
+/// malformed ones are an error, as the message's end is then unknown.
+pub fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, DecodeError> {
+    let mut length = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for item in value.as_bytes().split(|&b| b == b',') {
+            let n = std::str::from_utf8(item.trim_ascii())
+                .ok()
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| DecodeError::invalid("an invalid Content-Length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(DecodeError::invalid("conflicting Content-Length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length)
+}
+
+/// Whether the last transfer coding applied is chunked, which is then how
+/// the body is delimited.
+pub fn ends_chunked(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
+        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
+/// Whether a comma-separated header lists `token`, in any case.
+pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &[u8]) -> bool {
+    headers
+        .get_all(name)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

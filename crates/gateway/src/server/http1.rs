@@ -33,7 +33,7 @@ use super::WorkerId;
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::ApiError;
-use crate::framing::{Decoder, Step};
+use crate::framing::{self, Decoder, Step, has_token};
 
 /// Largest request head accepted (request line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;
@@ -591,45 +591,16 @@ fn body_framing(headers: &HeaderMap) -> Result<BodyFraming, ApiError> {
                 "both Content-Length and Transfer-Encoding",
             ));
         }
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
-            .map(<[u8]>::trim_ascii);
-        return if last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")) {
+        return if framing::ends_chunked(headers) {
             Ok(BodyFraming::Decoder(Decoder::chunked()))
         } else {
             Ok(BodyFraming::Refused(ApiError::unsupported_transfer_coding()))
         };
     }
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for item in value.as_bytes().split(|&b| b == b',') {
-            let item = item.trim_ascii();
-            let n = std::str::from_utf8(item)
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| ApiError::malformed("an invalid Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(ApiError::malformed("conflicting Content-Length values"));
-            }
-            length = Some(n);
-        }
-    }
+    let length = framing::declared_length(headers).map_err(ApiError::malformed)?;
     Ok(BodyFraming::Decoder(Decoder::with_length(
         length.unwrap_or(0),
     )))
-}
-
-/// Whether a comma-separated header lists `token`, in any case.
-fn has_token(headers: &HeaderMap, name: HeaderName, token: &[u8]) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// The response head: status line, the handler's headers but those that

@@ -24,7 +24,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 pub use crate::framing::Decoder;
-use crate::framing::{DecodeError, Step};
+use crate::framing::{self, DecodeError, Step};
 
 /// Largest response head accepted (status line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;
@@ -280,44 +280,21 @@ fn framing(
     version: Version,
     headers: &mut HeaderMap,
 ) -> Result<(Decoder, bool), Error> {
-    let mut close = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+    let mut close = framing::has_token(headers, header::CONNECTION, b"close");
     let decoder = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Decoder::with_length(0)
     } else if headers.contains_key(header::TRANSFER_ENCODING) {
         close |= headers.remove(header::CONTENT_LENGTH).is_some();
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
-            .map(<[u8]>::trim_ascii);
-        if last.is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")) {
+        if framing::ends_chunked(headers) {
             Decoder::chunked()
         } else {
             Decoder::until_close()
         }
-    } else if headers.contains_key(header::CONTENT_LENGTH) {
-        let mut length = None;
-        for value in headers.get_all(header::CONTENT_LENGTH) {
-            for item in value.as_bytes().split(|&b| b == b',') {
-                let n = std::str::from_utf8(item.trim_ascii())
-                    .ok()
-                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| Error::invalid("an invalid Content-Length"))?;
-                if length.is_some_and(|l| l != n) {
-                    return Err(Error::invalid("conflicting Content-Length values"));
-                }
-                length = Some(n);
-            }
-        }
-        Decoder::with_length(length.unwrap_or_default())
     } else {
-        Decoder::until_close()
+        match framing::declared_length(headers)? {
+            Some(length) => Decoder::with_length(length),
+            None => Decoder::until_close(),
+        }
     };
     let keep_alive = version == Version::HTTP_11 && !close && !decoder.is_until_close();
     Ok((decoder, keep_alive))
