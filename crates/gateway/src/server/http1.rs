@@ -182,11 +182,12 @@ impl Connection {
             let close = !exchange.keep_alive || !exchange.body_read || watch.is_draining();
             match self.respond(response, &exchange, close).await {
                 Ok(true) => {}
-                Ok(false) => {
-                    if !exchange.body_read {
-                        self.linger().await;
-                    }
+                Ok(false) if exchange.body_read => {
                     let _ = self.io.shutdown().await;
+                    return;
+                }
+                Ok(false) => {
+                    self.linger().await;
                     return;
                 }
                 Err(_) => return,
