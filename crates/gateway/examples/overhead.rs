@@ -10,7 +10,7 @@
 //!   stalled target is not hidden by sending later.
 //!
 //! - CPU per request: the proxy process's user+system CPU time over each
-//!   run divided by the requests it served. Unlike latency, it barely moves
+//!   run divided by the requests it served, with the user part apart. Unlike latency, it barely moves
 //!   when other work shares the cores, so it is the figure to compare
 //!   changes by.
 //!
@@ -90,21 +90,59 @@ fn free_port() -> u16 {
 /// A child process killed when dropped.
 struct Proc(Child);
 
+/// CPU time: user and system (kernel) apart, since a proxy's system time is
+/// mostly the kernel's TCP work, much the same for any proxy, and its user
+/// time is its own.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    user: Duration,
+    system: Duration,
+}
+
+impl std::ops::Sub for Cpu {
+    type Output = Cpu;
+    fn sub(self, rhs: Cpu) -> Cpu {
+        Cpu {
+            user: self.user.saturating_sub(rhs.user),
+            system: self.system.saturating_sub(rhs.system),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Cpu {
+    fn add_assign(&mut self, rhs: Cpu) {
+        self.user += rhs.user;
+        self.system += rhs.system;
+    }
+}
+
+impl Cpu {
+    fn per(self, requests: usize) -> Cpu {
+        let n = requests.max(1) as u32;
+        Cpu {
+            user: self.user / n,
+            system: self.system / n,
+        }
+    }
+}
+
 impl Proc {
-    /// User plus system CPU time the process has used so far, all threads.
-    fn cpu(&self) -> Duration {
+    /// User and system CPU time the process has used so far, all threads.
+    fn cpu(&self) -> Cpu {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id()))
             .expect("the process is running and /proc is mounted");
         // Fields after the command name (which may hold spaces): utime and
         // stime are the 12th and 13th, in clock ticks.
         let after = &stat[stat.rfind(')').expect("stat has a command name") + 2..];
-        let ticks: u64 = after
+        let mut ticks = after
             .split(' ')
             .skip(11)
-            .take(2)
             .map(|f| f.parse::<u64>().expect("numeric tick counts"))
-            .sum();
-        Duration::from_secs_f64(ticks as f64 / clock_ticks_per_second())
+            .map(|t| Duration::from_secs_f64(t as f64 / clock_ticks_per_second()));
+        Cpu {
+            user: ticks.next().expect("utime"),
+            system: ticks.next().expect("stime"),
+        }
     }
 }
 
@@ -358,13 +396,12 @@ fn main() {
         })
         .collect();
     // Proxy CPU time and requests served, per target, summed over slices.
-    let cpu_per_request = |cpu: Duration, requests: usize| cpu / requests.max(1) as u32;
     if !args.skip_max {
         eprintln!(
             "max rate ({} connections), {} slices of {slice:.1} s per target",
             args.connections, args.slices
         );
-        let mut totals = vec![(0u64, 0.0f64, Duration::ZERO); targets.len()];
+        let mut totals = vec![(0u64, 0.0f64, Cpu::default()); targets.len()];
         for _ in 0..args.slices {
             for (i, &(_, port, proc)) in targets.iter().enumerate() {
                 let before = proc.map(Proc::cpu);
@@ -376,13 +413,13 @@ fn main() {
                 totals[i].1 += seconds as f64;
                 totals[i].2 += proc
                     .zip(before)
-                    .map_or(Duration::ZERO, |(p, b)| p.cpu() - b);
+                    .map_or(Cpu::default(), |(p, b)| p.cpu() - b);
             }
         }
         for (row, (&(_, _, proc), (requests, seconds, cpu))) in
             rows.iter_mut().zip(targets.iter().zip(totals))
         {
-            let cpu = proc.map(|_| cpu_per_request(cpu, requests as usize));
+            let cpu = proc.map(|_| cpu.per(requests as usize));
             row.max = Some((requests as f64 / seconds, cpu));
         }
     }
@@ -390,7 +427,7 @@ fn main() {
         "latency at {} req/s, {} slices of {slice:.1} s per target",
         args.rate, args.slices
     );
-    let mut cpu = vec![Duration::ZERO; targets.len()];
+    let mut cpu = vec![Cpu::default(); targets.len()];
     for _ in 0..args.slices {
         for (i, &(_, port, proc)) in targets.iter().enumerate() {
             let before = proc.map(Proc::cpu);
@@ -403,11 +440,11 @@ fn main() {
             ));
             cpu[i] += proc
                 .zip(before)
-                .map_or(Duration::ZERO, |(p, b)| p.cpu() - b);
+                .map_or(Cpu::default(), |(p, b)| p.cpu() - b);
         }
     }
     for (row, (&(_, _, proc), cpu)) in rows.iter_mut().zip(targets.iter().zip(cpu)) {
-        row.cpu = proc.map(|_| cpu_per_request(cpu, row.lat.requests()));
+        row.cpu = proc.map(|_| cpu.per(row.lat.requests()));
         row.lat.ok.sort_unstable();
         row.p50 = row.lat.at(0.50);
         row.p99 = row.lat.at(0.99);
@@ -416,7 +453,11 @@ fn main() {
     let direct = &rows[0];
     let nginx = &rows[2];
     let rate = |r: &Row| r.max.map(|(rate, _)| rate);
-    let cpu = |c: Option<Duration>| c.map_or("—".to_owned(), |c| format!("{:.1} µs", us(c)));
+    let cpu = |c: Option<Cpu>| {
+        c.map_or("—".to_owned(), |c| {
+            format!("{:.1} µs (user {:.1})", us(c.user + c.system), us(c.user))
+        })
+    };
     println!(
         "| target | max req/s ({} conns) | vs nginx proxy | CPU/req at max | p50 at {} req/s | p99 | added p50 | added p99 | CPU/req at {} req/s | errors |",
         args.connections, args.rate, args.rate
@@ -463,10 +504,10 @@ fn main() {
 struct Row {
     name: &'static str,
     /// Maximum rate and the proxy's CPU per request at it.
-    max: Option<(f64, Option<Duration>)>,
+    max: Option<(f64, Option<Cpu>)>,
     lat: Latencies,
     p50: Duration,
     p99: Duration,
     /// The proxy's CPU per request at the fixed rate.
-    cpu: Option<Duration>,
+    cpu: Option<Cpu>,
 }
