@@ -567,7 +567,9 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ApiError> {
     } else {
         connection(b"keep-alive")
     };
-    let expect_continue = has_token(&map, header::EXPECT, b"100-continue");
+    // An HTTP/1.0 client does not know 1xx responses (RFC 9110 §15.2).
+    let expect_continue =
+        version == Version::HTTP_11 && has_token(&map, header::EXPECT, b"100-continue");
     let body = body_framing(&map)?;
     let (mut parts, ()) = Request::new(()).into_parts();
     parts.method = method;
