@@ -491,3 +491,42 @@ async fn a_body_is_collected_across_many_reads() {
     let (_, answer) = response(&mut client, &mut Vec::new()).await;
     assert_eq!(answer, format!("POST /big {body}"));
 }
+
+#[tokio::test]
+async fn requests_split_anywhere_are_read_the_same() {
+    use rand::{Rng, SeedableRng};
+    let requests = [
+        (
+            "POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nfirst",
+            "POST /a first",
+        ),
+        (
+            "POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nsec\r\n3\r\nond\r\n0\r\n\r\n",
+            "POST /b second",
+        ),
+        ("GET /c?q=1 HTTP/1.1\r\nX-Empty:\r\n\r\n", "GET /c?q=1 "),
+        (
+            "\r\nPOST /d HTTP/1.1\r\ncontent-length: 0\r\n\r\n",
+            "POST /d ",
+        ),
+    ];
+    let stream: String = requests.iter().map(|(r, _)| *r).collect();
+    for seed in 0..20 {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let (_task, mut client) = echoing().await;
+        let mut rest = stream.as_bytes();
+        while !rest.is_empty() {
+            let n = rng.gen_range(1..=rest.len().min(24));
+            client.write_all(&rest[..n]).await.unwrap();
+            client.flush().await.unwrap();
+            rest = &rest[n..];
+            tokio::task::yield_now().await;
+        }
+        let mut buf = Vec::new();
+        for (_, expected) in requests {
+            let (head, body) = response(&mut client, &mut buf).await;
+            assert!(head.starts_with("HTTP/1.1 200 "), "seed {seed}: {head}");
+            assert_eq!(body, expected, "seed {seed}");
+        }
+    }
+}
