@@ -27,7 +27,7 @@ use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use super::WorkerId;
 use crate::body::{RequestBody, ResponseBody};
@@ -44,6 +44,10 @@ const READ_SIZE: usize = 16 * 1024;
 /// Time a request has to arrive in full once its first byte has: a client
 /// sending a byte now and then must not hold a connection forever.
 pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// A kept-alive connection with no request under way for this long is
+/// closed, so that connections clients abandoned do not pile up (nginx's
+/// default; clients' pools expire theirs sooner, httpx's after 5 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// After a refusal whose request body was left unread, this much of it is
 /// read and dropped, for at most [`LINGER`], before the connection closes:
 /// closing on unread bytes resets the connection, and the reset can reach
@@ -64,6 +68,12 @@ pub struct Connection {
     /// Armed once a started request makes the connection wait; see
     /// [`ARRIVAL_TIMEOUT`].
     arrival: Option<Pin<Box<Sleep>>>,
+    /// When the connection last finished a response (or opened).
+    last_active: Instant,
+    /// Fires [`IDLE_TIMEOUT`] after `last_active`. Armed at the first wait
+    /// for a request and moved forward only when it fires, so a busy
+    /// connection does not touch the timer per request.
+    idle: Option<Pin<Box<Sleep>>>,
 }
 
 /// What the client sent that the handler does not see, but the response
@@ -115,6 +125,8 @@ impl Connection {
             out: Vec::with_capacity(512),
             started: false,
             arrival: None,
+            last_active: Instant::now(),
+            idle: None,
         }
     }
 
@@ -181,7 +193,7 @@ impl Connection {
             };
             let close = !exchange.keep_alive || !exchange.body_read || watch.is_draining();
             match self.respond(response, &exchange, close).await {
-                Ok(true) => {}
+                Ok(true) => self.last_active = Instant::now(),
                 Ok(false) if exchange.body_read => {
                     let _ = self.io.shutdown().await;
                     return;
@@ -325,12 +337,25 @@ impl Connection {
     }
 
     /// A read while no request is under way; ends (as end of file) when
-    /// draining starts.
+    /// draining starts or the connection has been idle too long.
     fn poll_fill_idle(&mut self, cx: &mut Context<'_>, watch: &Watch) -> Poll<io::Result<usize>> {
         if watch.poll_draining(cx).is_ready() {
             return Poll::Ready(Ok(0));
         }
-        poll_fill(&mut self.io, &mut self.buf, cx)
+        if let Poll::Ready(read) = poll_fill(&mut self.io, &mut self.buf, cx) {
+            return Poll::Ready(read);
+        }
+        let deadline = self.last_active + IDLE_TIMEOUT;
+        let idle = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        while idle.as_mut().poll(cx).is_ready() {
+            if deadline <= Instant::now() {
+                return Poll::Ready(Ok(0));
+            }
+            idle.as_mut().reset(deadline);
+        }
+        Poll::Pending
     }
 
     /// Ready when the client has closed the connection. Bytes it sends

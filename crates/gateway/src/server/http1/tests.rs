@@ -55,9 +55,10 @@ async fn echoing() -> (tokio::task::JoinHandle<()>, TcpStream) {
     served(|_, req| async move { echo(req) }, &Drain::new()).await
 }
 
-/// Longer than [`ARRIVAL_TIMEOUT`], for the tests that run in paused time.
+/// Longer than [`ARRIVAL_TIMEOUT`] and [`IDLE_TIMEOUT`], for the tests that
+/// run in paused time.
 async fn within<F: Future>(f: F) -> F::Output {
-    tokio::time::timeout(Duration::from_secs(60), f)
+    tokio::time::timeout(Duration::from_secs(100), f)
         .await
         .expect("timed out")
 }
@@ -378,15 +379,33 @@ async fn a_request_that_stops_arriving_is_refused_with_408() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_idle_connection_is_not_timed() {
+async fn an_idle_connection_waits_for_requests_until_the_idle_timeout() {
     let (task, mut client) = echoing().await;
-    tokio::time::sleep(ARRIVAL_TIMEOUT * 4).await;
+    let mut buf = Vec::new();
+    // Idle longer than a request may take to arrive: not a slow request.
+    for _ in 0..3 {
+        tokio::time::sleep(IDLE_TIMEOUT - Duration::from_secs(1)).await;
+        assert!(!task.is_finished());
+        client
+            .write_all(b"GET /late HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(response(&mut client, &mut buf).await.1, "GET /late ");
+    }
+    // Then idle past the timeout: closed, without a response.
+    tokio::time::sleep(IDLE_TIMEOUT + Duration::from_secs(1)).await;
+    assert!(task.is_finished());
+    assert!(closed(&mut client).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_never_sends_closes_after_the_idle_timeout() {
+    let (task, mut client) = echoing().await;
+    tokio::time::sleep(IDLE_TIMEOUT - Duration::from_secs(1)).await;
     assert!(!task.is_finished());
-    client
-        .write_all(b"GET /late HTTP/1.1\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut client, &mut Vec::new()).await.1, "GET /late ");
+    within(task).await.unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
 }
 
 #[tokio::test]
