@@ -44,9 +44,10 @@ const READ_SIZE: usize = 16 * 1024;
 /// Time a request has to arrive in full once its first byte has: a client
 /// sending a byte now and then must not hold a connection forever.
 pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
-/// A kept-alive connection with no request under way for this long is
-/// closed, so that connections clients abandoned do not pile up (nginx's
-/// default; clients' pools expire theirs sooner, httpx's after 5 s).
+/// A kept-alive connection with no request under way for this long (and at
+/// most twice as long) is closed, so that connections clients abandoned do
+/// not pile up (nginx's default; clients' pools expire theirs sooner,
+/// httpx's after 5 s).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// After a refusal whose request body was left unread, this much of it is
 /// read and dropped, for at most [`LINGER`], before the connection closes:
@@ -68,12 +69,13 @@ pub struct Connection {
     /// Armed once a started request makes the connection wait; see
     /// [`ARRIVAL_TIMEOUT`].
     arrival: Option<Pin<Box<Sleep>>>,
-    /// When the connection last finished a response (or opened).
-    last_active: Instant,
-    /// Fires [`IDLE_TIMEOUT`] after `last_active`. Armed at the first wait
-    /// for a request and moved forward only when it fires, so a busy
-    /// connection does not touch the timer per request.
-    idle: Option<Pin<Box<Sleep>>>,
+    /// Responses written so far.
+    served: u64,
+    /// Fires [`IDLE_TIMEOUT`] after it was armed, at the first wait for a
+    /// request; `served` then. When it fires after more responses, it is
+    /// moved on by another [`IDLE_TIMEOUT`]: a busy connection touches
+    /// neither the timer nor the clock per request.
+    idle: Option<(Pin<Box<Sleep>>, u64)>,
 }
 
 /// What the client sent that the handler does not see, but the response
@@ -125,7 +127,7 @@ impl Connection {
             out: Vec::with_capacity(512),
             started: false,
             arrival: None,
-            last_active: Instant::now(),
+            served: 0,
             idle: None,
         }
     }
@@ -193,7 +195,7 @@ impl Connection {
             };
             let close = !exchange.keep_alive || !exchange.body_read || watch.is_draining();
             match self.respond(response, &exchange, close).await {
-                Ok(true) => self.last_active = Instant::now(),
+                Ok(true) => self.served += 1,
                 Ok(false) if exchange.body_read => {
                     let _ = self.io.shutdown().await;
                     return;
@@ -345,15 +347,22 @@ impl Connection {
         if let Poll::Ready(read) = poll_fill(&mut self.io, &mut self.buf, cx) {
             return Poll::Ready(read);
         }
-        let deadline = self.last_active + IDLE_TIMEOUT;
-        let idle = self
-            .idle
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        while idle.as_mut().poll(cx).is_ready() {
-            if deadline <= Instant::now() {
-                return Poll::Ready(Ok(0));
+        match &mut self.idle {
+            // Polled once, to register this task's waker, which stays.
+            None => {
+                let mut timer = Box::pin(tokio::time::sleep(IDLE_TIMEOUT));
+                let _ = timer.as_mut().poll(cx);
+                self.idle = Some((timer, self.served));
             }
-            idle.as_mut().reset(deadline);
+            Some((timer, served_then)) if timer.is_elapsed() => {
+                if *served_then == self.served {
+                    return Poll::Ready(Ok(0));
+                }
+                *served_then = self.served;
+                timer.as_mut().reset(Instant::now() + IDLE_TIMEOUT);
+                let _ = timer.as_mut().poll(cx);
+            }
+            Some(_) => {}
         }
         Poll::Pending
     }
