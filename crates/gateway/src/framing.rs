@@ -1,10 +1,11 @@
-//! HTTP/1.1 message bodies: how one is delimited (RFC 9112 §6) and reading
-//! it out of the bytes received so far. The server reads request bodies
-//! with it, the upstream client response bodies. Pure over a buffer, so it
+//! HTTP/1.1 messages as both the server (requests) and the upstream client
+//! (responses) read them: a parsed head's headers as a map sharing the
+//! head's bytes, and the body — how it is delimited (RFC 9112 §6) and
+//! reading it out of the bytes received so far. Pure over a buffer, so it
 //! is tested a byte at a time.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Longest chunk-size or trailer line.
 const LINE_LIMIT: usize = 4 * 1024;
@@ -21,6 +22,41 @@ impl DecodeError {
     fn invalid(what: impl Into<String>) -> Self {
         DecodeError::Invalid(what.into())
     }
+}
+
+/// Where `s`, a slice of `buf`, lies in it.
+pub fn span_in(buf: &[u8], s: &[u8]) -> std::ops::Range<usize> {
+    let at = s.as_ptr() as usize - buf.as_ptr() as usize;
+    at..at + s.len()
+}
+
+/// Where each header's name and value lie in `buf`, the bytes `httparse`
+/// parsed them from, so that the map can be built over the head once it
+/// is split off the buffer (see [`header_map`]).
+pub fn header_spans(buf: &[u8], headers: &[httparse::Header<'_>]) -> Vec<HeaderSpan> {
+    headers
+        .iter()
+        .map(|h| HeaderSpan {
+            name: span_in(buf, h.name.as_bytes()),
+            value: span_in(buf, h.value),
+        })
+        .collect()
+}
+
+pub struct HeaderSpan {
+    name: std::ops::Range<usize>,
+    value: std::ops::Range<usize>,
+}
+
+/// The headers at `spans` in `head`, values sharing its bytes.
+pub fn header_map(head: &Bytes, spans: Vec<HeaderSpan>) -> Result<HeaderMap, http::Error> {
+    let mut map = HeaderMap::with_capacity(spans.len());
+    for span in spans {
+        let name = HeaderName::from_bytes(&head[span.name])?;
+        let value = HeaderValue::from_maybe_shared(head.slice(span.value))?;
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 /// The length a message's `Content-Length` headers declare, `None`

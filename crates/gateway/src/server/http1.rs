@@ -22,7 +22,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,12 +43,12 @@ const MAX_HEADERS: usize = 100;
 const READ_SIZE: usize = 16 * 1024;
 /// Time a request has to arrive in full once its first byte has: a client
 /// sending a byte now and then must not hold a connection forever.
-pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
+const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A kept-alive connection with no request under way for this long (and at
 /// most twice as long) is closed, so that connections clients abandoned do
 /// not pile up (nginx's default; clients' pools expire theirs sooner,
 /// httpx's after 5 s).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// After a refusal whose request body was left unread, this much of it is
 /// read and dropped, for at most [`LINGER`], before the connection closes:
 /// closing on unread bytes resets the connection, and the reset can reach
@@ -56,7 +56,7 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 const DISCARD_LIMIT: usize = 1024 * 1024;
 const LINGER: Duration = Duration::from_secs(1);
 /// How HTTP/2 with prior knowledge opens a connection (RFC 9113 §3.4).
-pub const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// A client connection, and the bytes read from it not yet consumed.
 pub struct Connection {
@@ -571,30 +571,13 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ApiError> {
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
-    // Positions in the head, so that the target and header values can
-    // share its bytes once it is split off the buffer.
-    let start = buf.as_ptr() as usize;
-    let span = |s: &[u8]| {
-        let at = s.as_ptr() as usize - start;
-        (at, at + s.len())
-    };
-    let target = span(request.path.unwrap_or_default().as_bytes());
-    let positions: Vec<((usize, usize), (usize, usize))> = request
-        .headers
-        .iter()
-        .map(|h| (span(h.name.as_bytes()), span(h.value)))
-        .collect();
+    // The target and header values share the head's bytes once it is
+    // split off the buffer.
+    let target = framing::span_in(buf, request.path.unwrap_or_default().as_bytes());
+    let spans = framing::header_spans(buf, request.headers);
     let head = buf.split_to(len).freeze();
-    let uri =
-        Uri::from_maybe_shared(head.slice(target.0..target.1)).map_err(ApiError::malformed)?;
-    let mut map = HeaderMap::with_capacity(positions.len());
-    for ((name_start, name_end), (value_start, value_end)) in positions {
-        let name =
-            HeaderName::from_bytes(&head[name_start..name_end]).map_err(ApiError::malformed)?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
-            .map_err(ApiError::malformed)?;
-        map.append(name, value);
-    }
+    let uri = Uri::from_maybe_shared(head.slice(target)).map_err(ApiError::malformed)?;
+    let map = framing::header_map(&head, spans).map_err(ApiError::malformed)?;
     let connection = |token: &[u8]| has_token(&map, header::CONNECTION, token);
     let keep_alive = if version == Version::HTTP_11 {
         !connection(b"close")

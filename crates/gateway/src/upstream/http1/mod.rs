@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -236,27 +236,12 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        // Header positions in the head, so that values can share its bytes
-        // once it is split off the buffer.
-        let start = buf.as_ptr() as usize;
-        let positions: Vec<[usize; 4]> = response
-            .headers
-            .iter()
-            .map(|h| {
-                let name = h.name.as_ptr() as usize - start;
-                let value = h.value.as_ptr() as usize - start;
-                [name, name + h.name.len(), value, value + h.value.len()]
-            })
-            .collect();
+        // Header values share the head's bytes once it is split off the
+        // buffer.
+        let spans = framing::header_spans(buf, response.headers);
         let head = buf.split_to(len).freeze();
-        let mut map = HeaderMap::with_capacity(positions.len());
-        for &[name_start, name_end, value_start, value_end] in &positions {
-            let name = HeaderName::from_bytes(&head[name_start..name_end])
-                .map_err(|e| Error::invalid(e.to_string()))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_start..value_end))
-                .map_err(|e| Error::invalid(e.to_string()))?;
-            map.append(name, value);
-        }
+        let mut map =
+            framing::header_map(&head, spans).map_err(|e| Error::invalid(e.to_string()))?;
         let (mut parts, ()) = http::Response::new(()).into_parts();
         parts.status = status;
         parts.version = version;
