@@ -5,19 +5,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderValue, Method, Response, StatusCode, header};
 use serde_json::{Value, json};
 
-use crate::body::{self, RequestBody, ResponseBody};
+use crate::body::{self, ResponseBody};
 use crate::error::ApiError;
 use crate::pool::PoolRuntime;
+use crate::server::Request;
 use crate::state::State;
 
 /// The OpenMetrics text format; Prometheus reads it natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-pub async fn handle(state: Arc<State>, req: Request<RequestBody>) -> Response<ResponseBody> {
-    match (req.method(), req.uri().path()) {
+pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
+    match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => plain(StatusCode::OK, "ok".into()),
         (&Method::GET, "/readyz") => {
             let now = Instant::now();
@@ -35,7 +36,7 @@ pub async fn handle(state: Arc<State>, req: Request<RequestBody>) -> Response<Re
         }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools")) => {
-            ApiError::method_not_allowed(req.method(), path).into_response()
+            ApiError::method_not_allowed(&req.method, path).into_response()
         }
         (_, path) => ApiError::not_found(path).into_response(),
     }

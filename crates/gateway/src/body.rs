@@ -13,11 +13,13 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::admit::Lease;
 use crate::error::ApiError;
+use crate::fields::Fields;
 use crate::record::Record;
 use crate::upstream::connections;
 
@@ -44,8 +46,34 @@ pub enum ResponseBody {
     Proxied(Box<ProxiedBody>),
 }
 
+impl ResponseBody {
+    /// The replica's headers that go on to the client with this body: its
+    /// end-to-end ones, but any of the gateway's own response headers
+    /// (`own`) replace.
+    pub fn forwarded_headers<'a>(
+        &'a self,
+        own: &'a HeaderMap,
+    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
+        let replica = match self {
+            ResponseBody::Proxied(body) => Some(&body.replica_headers),
+            ResponseBody::Full(_) => None,
+        };
+        replica
+            .into_iter()
+            .flat_map(Fields::end_to_end)
+            .filter(|(name, _)| {
+                !own.keys()
+                    .any(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name))
+            })
+    }
+}
+
 pub struct ProxiedBody {
     inner: connections::Body,
+    /// The head's fields, kept as they arrived: the server writes those
+    /// that go on (see [`ResponseBody::forwarded_headers`]) without a map
+    /// built in between.
+    replica_headers: Fields,
     idle_timeout: Duration,
     /// Fires `idle_timeout` after the last frame. Armed the first time the
     /// body has to wait, which a response that arrives whole never does,
@@ -61,12 +89,14 @@ pub struct ProxiedBody {
 impl ProxiedBody {
     pub fn new(
         inner: connections::Body,
+        replica_headers: Fields,
         load: Lease,
         record: Record,
         idle_timeout: Duration,
     ) -> Self {
         Self {
             inner,
+            replica_headers,
             idle_timeout,
             idle: None,
             last_frame: Instant::now(),

@@ -1,11 +1,9 @@
-//! HTTP/1.1 messages as both the server (requests) and the upstream client
-//! (responses) read them: a parsed head's headers as a map sharing the
-//! head's bytes, and the body — how it is delimited (RFC 9112 §6) and
+//! HTTP/1.1 message bodies as both the server (requests) and the upstream
+//! client (responses) read them: how a body is delimited (RFC 9112 §6) and
 //! reading it out of the bytes received so far. Pure over a buffer, so it
-//! is tested a byte at a time.
+//! is tested a byte at a time. The head's fields are [`crate::fields`].
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Longest chunk-size or trailer line.
 const LINE_LIMIT: usize = 4 * 1024;
@@ -19,85 +17,9 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    fn invalid(what: impl Into<String>) -> Self {
+    pub fn invalid(what: impl Into<String>) -> Self {
         DecodeError::Invalid(what.into())
     }
-}
-
-/// Where `s`, a slice of `buf`, lies in it.
-pub fn span_in(buf: &[u8], s: &[u8]) -> std::ops::Range<usize> {
-    let at = s.as_ptr() as usize - buf.as_ptr() as usize;
-    at..at + s.len()
-}
-
-/// Where each header's name and value lie in `buf`, the bytes `httparse`
-/// parsed them from, so that the map can be built over the head once it
-/// is split off the buffer (see [`header_map`]).
-pub fn header_spans(buf: &[u8], headers: &[httparse::Header<'_>]) -> Vec<HeaderSpan> {
-    headers
-        .iter()
-        .map(|h| HeaderSpan {
-            name: span_in(buf, h.name.as_bytes()),
-            value: span_in(buf, h.value),
-        })
-        .collect()
-}
-
-pub struct HeaderSpan {
-    name: std::ops::Range<usize>,
-    value: std::ops::Range<usize>,
-}
-
-/// The headers at `spans` in `head`, values sharing its bytes.
-pub fn header_map(head: &Bytes, spans: Vec<HeaderSpan>) -> Result<HeaderMap, http::Error> {
-    let mut map = HeaderMap::with_capacity(spans.len());
-    for span in spans {
-        let name = HeaderName::from_bytes(&head[span.name])?;
-        let value = HeaderValue::from_maybe_shared(head.slice(span.value))?;
-        map.append(name, value);
-    }
-    Ok(map)
-}
-
-/// The length a message's `Content-Length` headers declare, `None`
-/// without one. Repeated equal values are one length; differing or
-/// malformed ones are an error, as the message's end is then unknown.
-pub fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, DecodeError> {
-    let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for item in value.as_bytes().split(|&b| b == b',') {
-            let n = std::str::from_utf8(item.trim_ascii())
-                .ok()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| DecodeError::invalid("an invalid Content-Length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(DecodeError::invalid("conflicting Content-Length values"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length)
-}
-
-/// Whether the last transfer coding applied is chunked, which is then how
-/// the body is delimited.
-pub fn ends_chunked(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|v| v.as_bytes().split(|&b| b == b',').next_back())
-        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-}
-
-/// Whether a comma-separated header lists `token`, in any case.
-pub fn has_token(headers: &HeaderMap, name: HeaderName, token: &[u8]) -> bool {
-    headers
-        .get_all(name)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

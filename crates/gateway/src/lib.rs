@@ -7,6 +7,7 @@ mod admit;
 pub mod body;
 mod drain;
 pub mod error;
+mod fields;
 mod framing;
 pub mod pipeline;
 mod pool;

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -29,10 +29,11 @@ use tracing::Instrument;
 use crate::admit::{DropReason, OwnedPick, Ticket};
 use crate::body::{self, ProxiedBody, RequestBody, ResponseBody};
 use crate::error::ApiError;
+use crate::fields::Fields;
 use crate::pool::PoolRuntime;
 use crate::record::Record;
 use crate::request::InferenceRequest;
-use crate::server::WorkerId;
+use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, REQUEST_ID};
@@ -50,24 +51,20 @@ const DECISION_TARGET: &str = "infergate::decision";
 const SCORES_HEADER_LIMIT: usize = 8;
 
 /// Entry point for every request on a public listener.
-pub async fn handle(
-    state: Arc<State>,
-    worker: WorkerId,
-    req: Request<RequestBody>,
-) -> Response<ResponseBody> {
+pub async fn handle(state: Arc<State>, worker: WorkerId, req: Request) -> Response<ResponseBody> {
     let start = Instant::now();
-    let request_id = request_id(&req);
-    let mut response = match (req.method(), req.uri().path()) {
+    let request_id = request_id(&req.headers);
+    let mut response = match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => readiness(&state),
         (&Method::GET, "/v1/models") => json(state.routes.models_json()),
         (_, "/healthz" | "/readyz" | "/v1/models") => {
-            ApiError::method_not_allowed(req.method(), req.uri().path()).into_response()
+            ApiError::method_not_allowed(&req.method, req.path()).into_response()
         }
         (&Method::POST, path) if path.starts_with("/v1/") => {
-            let span = telemetry::request_span(req.method(), path, &request_id);
+            let span = telemetry::request_span(&req.method, path, &request_id);
             // Before the span is first entered: it may join the caller's trace.
-            let (trace, traceparent) = trace_context::upstream(req.headers(), &span);
+            let (trace, traceparent) = trace_context::upstream(&req.headers, &span);
             let mut record = Record::new(request_id.clone(), start, span.clone());
             record.trace_id = Some(trace.trace_id);
             // Boxed: the stages' state is kilobytes, and the request's
@@ -84,7 +81,7 @@ pub async fn handle(
             .await
         }
         (_, path) if path.starts_with("/v1/") => {
-            let mut r = ApiError::method_not_allowed(req.method(), path).into_response();
+            let mut r = ApiError::method_not_allowed(&req.method, path).into_response();
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
             r
@@ -99,7 +96,7 @@ pub async fn handle(
 async fn infer(
     state: &State,
     worker: WorkerId,
-    req: Request<RequestBody>,
+    req: Request,
     mut record: Record,
     request_id: &HeaderValue,
     traceparent: &HeaderValue,
@@ -107,10 +104,16 @@ async fn infer(
     if state.is_shutting_down() {
         return refuse(record, ApiError::shutting_down());
     }
-    let (parts, body) = req.into_parts();
+    let Request {
+        method,
+        uri,
+        headers,
+        body,
+        ..
+    } = req;
 
     // 1. accept: the body, within the size limit.
-    let body = match read_body(body, &parts.headers, state.limits.max_body_bytes()).await {
+    let body = match read_body(body, &headers, state.limits.max_body_bytes()).await {
         Ok(body) => body,
         Err(e) => return refuse(record, e),
     };
@@ -143,7 +146,7 @@ async fn infer(
 
     // 6. admit: straight through when a replica has room, else wait in line.
     let ticket = match Ticket::from_request(
-        &parts.headers,
+        &headers,
         &request.model,
         &state.objectives,
         &state.flow_control,
@@ -201,7 +204,9 @@ async fn infer(
         }
 
         let outgoing = upstream::Outgoing {
-            parts: &parts,
+            method: &method,
+            uri: &uri,
+            headers: &headers,
             body: &body,
             request_id,
             traceparent,
@@ -213,17 +218,26 @@ async fn infer(
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
         match sent {
-            Ok(Ok(resp)) => {
-                let (mut head, incoming) = resp.into_parts();
-                record.on_response(head.status, &head.headers);
-                strip_hop_by_hop(&mut head.headers);
+            Ok(Ok(answer)) => {
+                record.on_response(answer.status, &answer.headers);
+                let mut own = http::HeaderMap::new();
                 if state.debug.decision_headers {
                     let waited = record.queue_wait.unwrap_or_default();
-                    decision_headers(&mut head.headers, pool, &endpoint.addr, decision, waited);
+                    decision_headers(&mut own, pool, &endpoint.addr, decision, waited);
                 }
-                let body =
-                    ProxiedBody::new(incoming, admitted.lease, record, state.timeouts.idle());
-                return Response::from_parts(head, ResponseBody::Proxied(Box::new(body)));
+                // The replica's headers go on with its body: the server
+                // writes those that are end-to-end.
+                let body = ProxiedBody::new(
+                    answer.body,
+                    answer.headers,
+                    admitted.lease,
+                    record,
+                    state.timeouts.idle(),
+                );
+                let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
+                *response.status_mut() = answer.status;
+                *response.headers_mut() = own;
+                return response;
             }
             // The replica may be generating: never send the work twice.
             Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
@@ -273,20 +287,12 @@ fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
 
 /// The whole request body: read by the HTTP/1.1 server already, or from
 /// an HTTP/2 stream here, within the same limit.
-async fn read_body(
-    body: RequestBody,
-    headers: &http::HeaderMap,
-    limit: u64,
-) -> Result<Bytes, ApiError> {
+async fn read_body(body: RequestBody, headers: &Fields, limit: u64) -> Result<Bytes, ApiError> {
     let body = match body {
         RequestBody::Read(read) => return read,
         RequestBody::Streaming(incoming) => incoming,
     };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit) {
+    if matches!(headers.declared_length(), Ok(Some(len)) if len > limit) {
         return Err(ApiError::body_too_large(limit));
     }
     match Limited::new(body, limit as usize).collect().await {
@@ -298,12 +304,6 @@ async fn read_body(
             "Could not read the request body: {e}"
         ))),
     }
-}
-
-/// Drop the replica's hop-by-hop headers, in place. A streamed body is
-/// re-framed by our server; a known length stays.
-fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
-    upstream::remove_hop_by_hop(headers, true);
 }
 
 fn decision_headers(
@@ -334,11 +334,12 @@ fn decision_headers(
     }
 }
 
-fn request_id(req: &Request<RequestBody>) -> HeaderValue {
-    req.headers()
-        .get(REQUEST_ID)
+/// The client's request id, or a new one.
+fn request_id(headers: &Fields) -> HeaderValue {
+    headers
+        .get_shared(REQUEST_ID.as_str())
         .filter(|v| !v.is_empty() && v.len() <= 128)
-        .cloned()
+        .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
         .unwrap_or_else(|| {
             let mut id = [0; 32];
             trace_context::lower_hex(rand::random(), &mut id);

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use config::Priority;
-use http::{HeaderMap, StatusCode, header};
+use http::StatusCode;
 use picker::TopScores;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
+use crate::fields::Fields;
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
@@ -113,13 +114,12 @@ impl Record {
     }
 
     /// A replica's response head arrived and is passed on.
-    pub fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) {
+    pub fn on_response(&mut self, status: StatusCode, headers: &Fields) {
         self.status = status.as_u16();
         if status.is_success() {
             let sse = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
+                .get("content-type")
+                .is_some_and(|v| v.starts_with(b"text/event-stream"));
             self.meter = Some(ResponseMeter::new(sse));
         }
     }

@@ -794,3 +794,101 @@ async fn a_client_leaving_before_the_answer_closes_the_upstream_connection() {
         .expect("the gateway kept the upstream connection open")
         .unwrap();
 }
+
+/// A replica that answers every request with end-to-end headers, some
+/// twice, hop-by-hop ones, its own request id and a date.
+async fn replica_with_headers() -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    const ANSWER: &[u8] = b"HTTP/1.1 200 OK\r\n\
+        Content-Type: application/json\r\n\
+        X-Replica: one\r\n\
+        x-replica: two\r\n\
+        Connection: keep-alive, X-Hop\r\n\
+        X-Hop: secret\r\n\
+        Keep-Alive: timeout=5\r\n\
+        X-Request-Id: theirs\r\n\
+        Date: Tue, 01 Jan 2030 00:00:00 GMT\r\n\
+        Content-Length: 2\r\n\r\n{}";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut stream = BufReader::new(stream);
+                loop {
+                    let mut length = 0;
+                    loop {
+                        let mut line = String::new();
+                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                    }
+                    let mut body = vec![0; length];
+                    stream.read_exact(&mut body).await.unwrap();
+                    stream.get_mut().write_all(ANSWER).await.unwrap();
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_replicas_end_to_end_headers_reach_the_client_over_either_protocol() {
+    let replica = replica_with_headers().await;
+    let cfg = config(
+        "",
+        &format!(
+            "    - {{name: p, engine: none, models: [m], endpoints: [\"{replica}\"], scheduling: {{policy: round-robin}}}}\n"
+        ),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    for (client, version) in [
+        (client(), http::Version::HTTP_11),
+        (h2, http::Version::HTTP_2),
+    ] {
+        let resp = client
+            .post(format!("http://{}{CHAT}", gw.addr()))
+            .header("x-request-id", "mine")
+            .body(r#"{"model":"m"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.version(), version);
+        assert_eq!(resp.status(), 200);
+        let headers = resp.headers();
+        let all = |name: &str| -> Vec<&str> {
+            headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(all("x-replica"), ["one", "two"], "{version:?}");
+        assert_eq!(all("content-type"), ["application/json"]);
+        assert_eq!(all("date"), ["Tue, 01 Jan 2030 00:00:00 GMT"]);
+        // The gateway's id replaces the replica's.
+        assert_eq!(all("x-request-id"), ["mine"]);
+        for hop in ["x-hop", "keep-alive"] {
+            assert!(
+                headers.get(hop).is_none(),
+                "{hop} forwarded over {version:?}"
+            );
+        }
+        assert!(
+            all("connection").iter().all(|v| !v.contains("X-Hop")),
+            "{version:?}"
+        );
+        assert_eq!(resp.bytes().await.unwrap(), "{}");
+    }
+}

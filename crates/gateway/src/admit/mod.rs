@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use config::Priority;
-use http::HeaderMap;
 use parking_lot::Mutex;
 use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
@@ -25,6 +24,7 @@ use tokio::sync::{Notify, oneshot};
 
 use self::queue::Queue;
 use crate::error::ApiError;
+use crate::fields::Fields;
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
 pub const FAIRNESS_HEADER: &str = "x-infergate-fairness-id";
@@ -80,7 +80,7 @@ impl Ticket {
     /// The band comes from the model's objective; the header may lower it,
     /// and raise it only when the config allows.
     pub fn from_request(
-        headers: &HeaderMap,
+        headers: &Fields,
         model: &str,
         objectives: &BTreeMap<String, Priority>,
         flow_control: &config::FlowControl,
@@ -90,11 +90,14 @@ impl Ticket {
         let band = match headers.get(PRIORITY_HEADER) {
             None => configured,
             Some(v) => {
-                let asked = v.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
-                    ApiError::invalid_request(format!(
-                        "{PRIORITY_HEADER} must be critical, standard or sheddable"
-                    ))
-                })?;
+                let asked = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(Priority::parse)
+                    .ok_or_else(|| {
+                        ApiError::invalid_request(format!(
+                            "{PRIORITY_HEADER} must be critical, standard or sheddable"
+                        ))
+                    })?;
                 if asked < configured && !flow_control.header_may_raise {
                     configured
                 } else {
@@ -103,10 +106,7 @@ impl Ticket {
             }
         };
         let key = match headers.get(FAIRNESS_HEADER) {
-            Some(v) => {
-                let b = v.as_bytes();
-                Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)]))
-            }
+            Some(b) => Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)])),
             // Most requests carry no key: they share one, without an
             // allocation each.
             None => NO_KEY.with(Arc::clone),

@@ -11,9 +11,9 @@
 //! hyper's server does this through a general dispatcher, a body channel
 //! the handler reads the request body from, and a header map rebuilt into
 //! bytes. Every request here has a small body the pipeline needs whole
-//! before it can route, so it is read first, in place: the head and the
-//! body are slices of the bytes read, and the response head goes out with
-//! the first piece of the body in one `writev`.
+//! before it can route, so it is read first, in place: the head's fields
+//! ([`Fields`]) and the body are slices of the bytes read, and the response
+//! head goes out with the first piece of the body in one `writev`.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -22,18 +22,18 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap};
-use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, Method, Response, StatusCode, Uri, Version, header};
 use http_body::Body as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::WorkerId;
+use super::{Request, WorkerId};
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::ApiError;
-use crate::framing::{self, Decoder, Step, has_token};
+use crate::fields::{self, Fields};
+use crate::framing::{Decoder, Step};
 
 /// Largest request head accepted (request line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;
@@ -160,7 +160,7 @@ impl Connection {
     /// to close, or draining starts.
     pub async fn serve<H, F>(mut self, handler: H, worker: WorkerId, max_body: u64, watch: Watch)
     where
-        H: Fn(WorkerId, Request<RequestBody>) -> F,
+        H: Fn(WorkerId, Request) -> F,
         F: Future<Output = Response<ResponseBody>>,
     {
         loop {
@@ -215,7 +215,7 @@ impl Connection {
         &mut self,
         max_body: u64,
         watch: &Watch,
-    ) -> Result<(Request<RequestBody>, Exchange), Unread> {
+    ) -> Result<(Request, Exchange), Unread> {
         self.started = !self.buf.is_empty();
         self.arrival = None;
         let head = loop {
@@ -230,14 +230,17 @@ impl Connection {
             self.fill_arriving(watch).await?;
         };
         let Head {
-            parts,
+            method,
+            uri,
+            version,
+            headers,
             body,
             keep_alive,
             expect_continue,
         } = head;
         let mut exchange = Exchange {
-            version: parts.version,
-            head_only: parts.method == Method::HEAD,
+            version,
+            head_only: method == Method::HEAD,
             keep_alive,
             body_read: false,
         };
@@ -262,10 +265,14 @@ impl Connection {
                 body
             }
         };
-        Ok((
-            Request::from_parts(parts, RequestBody::Read(body)),
-            exchange,
-        ))
+        let request = Request {
+            method,
+            uri,
+            version,
+            headers,
+            body: RequestBody::Read(body),
+        };
+        Ok((request, exchange))
     }
 
     async fn read_body(
@@ -409,6 +416,7 @@ impl Connection {
             &mut self.out,
             parts.status,
             &parts.headers,
+            body.forwarded_headers(&parts.headers),
             framing,
             close,
             exchange.version,
@@ -530,7 +538,10 @@ async fn write_all(io: &mut TcpStream, slices: &mut [IoSlice<'_>]) -> io::Result
 
 /// A parsed request head.
 struct Head {
-    parts: http::request::Parts,
+    method: Method,
+    uri: Uri,
+    version: Version,
+    headers: Fields,
     body: BodyFraming,
     keep_alive: bool,
     expect_continue: bool,
@@ -571,30 +582,27 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ApiError> {
         Some(1) => Version::HTTP_11,
         _ => Version::HTTP_10,
     };
-    // The target and header values share the head's bytes once it is
+    // The target and header fields share the head's bytes once it is
     // split off the buffer.
-    let target = framing::span_in(buf, request.path.unwrap_or_default().as_bytes());
-    let spans = framing::header_spans(buf, request.headers);
+    let target = fields::span_in(buf, request.path.unwrap_or_default().as_bytes());
+    let spans = fields::spans(buf, request.headers);
     let head = buf.split_to(len).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(ApiError::malformed)?;
-    let map = framing::header_map(&head, spans).map_err(ApiError::malformed)?;
-    let connection = |token: &[u8]| has_token(&map, header::CONNECTION, token);
+    let headers = Fields::new(head, spans);
     let keep_alive = if version == Version::HTTP_11 {
-        !connection(b"close")
+        !headers.has_token("connection", b"close")
     } else {
-        connection(b"keep-alive")
+        headers.has_token("connection", b"keep-alive")
     };
     // An HTTP/1.0 client does not know 1xx responses (RFC 9110 §15.2).
     let expect_continue =
-        version == Version::HTTP_11 && has_token(&map, header::EXPECT, b"100-continue");
-    let body = body_framing(&map)?;
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
-    parts.version = version;
-    parts.headers = map;
+        version == Version::HTTP_11 && headers.has_token("expect", b"100-continue");
+    let body = body_framing(&headers)?;
     Ok(Some(Head {
-        parts,
+        method,
+        uri,
+        version,
+        headers,
         body,
         keep_alive,
         expect_continue,
@@ -604,32 +612,33 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, ApiError> {
 /// How the request body is delimited (RFC 9112 §6.3). A request framed
 /// both ways is refused: the two framings may disagree on where the next
 /// request starts.
-fn body_framing(headers: &HeaderMap) -> Result<BodyFraming, ApiError> {
-    if headers.contains_key(header::TRANSFER_ENCODING) {
-        if headers.contains_key(header::CONTENT_LENGTH) {
+fn body_framing(headers: &Fields) -> Result<BodyFraming, ApiError> {
+    if headers.contains("transfer-encoding") {
+        if headers.contains("content-length") {
             return Err(ApiError::malformed(
                 "both Content-Length and Transfer-Encoding",
             ));
         }
-        return if framing::ends_chunked(headers) {
+        return if headers.ends_chunked() {
             Ok(BodyFraming::Decoder(Decoder::chunked()))
         } else {
             Ok(BodyFraming::Refused(ApiError::unsupported_transfer_coding()))
         };
     }
-    let length = framing::declared_length(headers).map_err(ApiError::malformed)?;
+    let length = headers.declared_length().map_err(ApiError::malformed)?;
     Ok(BodyFraming::Decoder(Decoder::with_length(
         length.unwrap_or(0),
     )))
 }
 
-/// The response head: status line, the handler's headers but those that
-/// frame the message (set here), a `Date` unless the replica sent one, and
-/// the blank line.
-fn encode_head(
+/// The response head: status line, the replica's headers and the
+/// handler's but those that frame the message (set here), a `Date` unless
+/// the replica sent one, and the blank line.
+fn encode_head<'a>(
     out: &mut Vec<u8>,
     status: StatusCode,
     headers: &HeaderMap,
+    replica: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     framing: Framing,
     close: bool,
     version: Version,
@@ -639,6 +648,17 @@ fn encode_head(
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    let mut field = |name: &[u8], value: &[u8]| {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    let mut dated = headers.contains_key(header::DATE);
+    for (name, value) in replica {
+        dated |= name.eq_ignore_ascii_case(b"date");
+        field(name, value);
+    }
     for (name, value) in headers {
         if name == header::CONTENT_LENGTH
             || name == header::TRANSFER_ENCODING
@@ -647,12 +667,9 @@ fn encode_head(
         {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        field(name.as_str().as_bytes(), value.as_bytes());
     }
-    if !headers.contains_key(header::DATE) {
+    if !dated {
         out.extend_from_slice(b"date: ");
         http_date(|date| out.extend_from_slice(date));
         out.extend_from_slice(b"\r\n");

@@ -20,6 +20,7 @@ use tokio::net::TcpStream;
 use super::WorkerId;
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
+use crate::fields::Fields;
 
 pub async fn serve<H, F>(
     io: TcpStream,
@@ -29,12 +30,22 @@ pub async fn serve<H, F>(
     watch: Watch,
     peer: SocketAddr,
 ) where
-    H: Fn(WorkerId, Request<RequestBody>) -> F + Send + Sync + 'static,
+    H: Fn(WorkerId, super::Request) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     let service = service_fn(move |req: Request<Incoming>| {
-        let handling = handler(worker, req.map(RequestBody::Streaming));
-        async move { Ok::<_, Infallible>(handling.await) }
+        let (parts, body) = req.into_parts();
+        let handling = handler(
+            worker,
+            super::Request {
+                method: parts.method,
+                uri: parts.uri,
+                version: parts.version,
+                headers: Fields::from_map(&parts.headers),
+                body: RequestBody::Streaming(body),
+            },
+        );
+        async move { Ok::<_, Infallible>(with_replica_headers(handling.await)) }
     });
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(Replayed { read, io }), service);
@@ -49,6 +60,16 @@ pub async fn serve<H, F>(
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
+}
+
+/// hyper writes a response's headers from its map: the replica's, which
+/// a proxied body carries as they arrived, join the gateway's there.
+fn with_replica_headers(response: Response<ResponseBody>) -> Response<ResponseBody> {
+    let (mut parts, body) = response.into_parts();
+    let replica = Fields::to_map(body.forwarded_headers(&parts.headers));
+    // None of the replica's names is among the gateway's.
+    parts.headers.extend(replica);
+    Response::from_parts(parts, body)
 }
 
 /// A socket whose first bytes were already read: `read` comes first.

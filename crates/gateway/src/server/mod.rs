@@ -16,17 +16,33 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::{Request, Response};
+use http::{Method, Response, Uri, Version};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Drain;
+use crate::fields::Fields;
 
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.
 pub type WorkerId = usize;
+
+/// A request as either server hands it to its handler.
+pub struct Request {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: Fields,
+    pub body: RequestBody,
+}
+
+impl Request {
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+}
 
 /// The data plane's threads. Dropping this ends them, closing any
 /// connection still open on them.
@@ -119,7 +135,7 @@ pub fn serve<H, F>(
     max_body: u64,
 ) -> tokio::task::JoinHandle<()>
 where
-    H: Fn(WorkerId, Request<RequestBody>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(WorkerId, Request) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     tokio::spawn(async move {

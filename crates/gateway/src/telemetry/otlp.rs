@@ -164,7 +164,7 @@ mod tests {
                 "/v1/chat/completions",
                 &http::HeaderValue::from_static("req-1"),
             );
-            let sent = trace_context::upstream(&headers, &span);
+            let sent = trace_context::upstream(&crate::fields::Fields::from_map(&headers), &span);
             span.in_scope(|| {});
             sent
         });

@@ -8,9 +8,11 @@
 
 use std::fmt;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::fields::Fields;
 
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
@@ -137,10 +139,10 @@ fn hex(digits: &[u8]) -> Option<u128> {
 /// With an OpenTelemetry layer installed, the span is parented to the
 /// caller's context and the replica gets the span's own id as its parent.
 /// Otherwise the caller's header is kept, or a new one generated.
-pub fn upstream(headers: &HeaderMap, span: &tracing::Span) -> (TraceParent, HeaderValue) {
+pub fn upstream(headers: &Fields, span: &tracing::Span) -> (TraceParent, HeaderValue) {
     let incoming = headers
-        .get(TRACEPARENT)
-        .and_then(|v| TraceParent::parse(v.as_bytes()).map(|tp| (tp, v)));
+        .get_shared(TRACEPARENT.as_str())
+        .and_then(|v| TraceParent::parse(&v).map(|tp| (tp, v)));
     if !span.is_disabled() {
         if let Some((tp, _)) = incoming {
             // Fails only when no OpenTelemetry layer is installed.
@@ -158,7 +160,11 @@ pub fn upstream(headers: &HeaderMap, span: &tracing::Span) -> (TraceParent, Head
         }
     }
     match incoming {
-        Some((tp, value)) => (tp, value.clone()),
+        // Parsed, so a valid value.
+        Some((tp, value)) => (
+            tp,
+            HeaderValue::from_maybe_shared(value).unwrap_or_else(|_| tp.to_header()),
+        ),
         None => {
             let tp = TraceParent::generate();
             (tp, tp.to_header())
@@ -227,11 +233,10 @@ mod tests {
 
     #[test]
     fn without_export_the_callers_header_is_kept_or_one_generated() {
-        let mut headers = HeaderMap::new();
-        let (generated, value) = upstream(&headers, &tracing::Span::none());
+        let (generated, value) = upstream(&Fields::default(), &tracing::Span::none());
         assert_eq!(TraceParent::parse(value.as_bytes()), Some(generated));
 
-        headers.insert(TRACEPARENT, HeaderValue::from_static(EXAMPLE));
+        let headers = Fields::from_pairs(&[("traceparent", EXAMPLE)]);
         let (kept, value) = upstream(&headers, &tracing::Span::none());
         assert_eq!(value, EXAMPLE);
         assert_eq!(kept.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);

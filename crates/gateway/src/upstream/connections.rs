@@ -51,7 +51,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared as SharedFuture};
-use http::Response;
 use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -61,9 +60,10 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::Outgoing;
 use super::http1::{self, Connection, Decoder};
+use super::{Outgoing, Response};
 use crate::body::BoxError;
+use crate::fields::Fields;
 
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
 
@@ -190,7 +190,7 @@ impl Connections {
     /// Send `request` to the replica at `addr`, on an idle connection if
     /// there is one. It is sent again, once, on a fresh connection if a
     /// reused one turned out closed before answering.
-    pub async fn send(&self, addr: &str, request: &Outgoing<'_>) -> Result<Response<Body>, Error> {
+    pub async fn send(&self, addr: &str, request: &Outgoing<'_>) -> Result<Response, Error> {
         let (replica, mut idle) = self.shared.take(addr);
         loop {
             let (conn, reused) = match idle.take() {
@@ -218,7 +218,7 @@ impl Connections {
         addr: &str,
         request: &Outgoing<'_>,
         replica: usize,
-    ) -> Result<Response<Body>, Error> {
+    ) -> Result<Response, Error> {
         match conn {
             Conn::H1(mut conn) => {
                 let head = request.http1_head(addr);
@@ -233,7 +233,11 @@ impl Connections {
                     reuse,
                 };
                 body.hand_back_if_done();
-                Ok(Response::from_parts(head.parts, body))
+                Ok(Response {
+                    status: head.status,
+                    headers: head.headers,
+                    body,
+                })
             }
             Conn::H2(mut sender) => {
                 let resp = sender
@@ -241,7 +245,11 @@ impl Connections {
                     .await
                     .map_err(Error::Http2)?;
                 let (head, inner) = resp.into_parts();
-                Ok(Response::from_parts(head, Body::H2(inner)))
+                Ok(Response {
+                    status: head.status,
+                    headers: Fields::from_map(&head.headers),
+                    body: Body::H2(inner),
+                })
             }
         }
     }

@@ -16,13 +16,12 @@ use crate::drain::Drain;
 const LIMIT: u64 = 1000;
 
 /// What the handler saw of a request, as its response body.
-fn echo(req: Request<RequestBody>) -> Response<ResponseBody> {
-    let (parts, body) = req.into_parts();
-    match body {
+fn echo(req: Request) -> Response<ResponseBody> {
+    match req.body {
         RequestBody::Read(Ok(body)) => Response::new(body::full(Bytes::from(format!(
             "{} {} {}",
-            parts.method,
-            parts.uri,
+            req.method,
+            req.uri,
             String::from_utf8_lossy(&body)
         )))),
         RequestBody::Read(Err(e)) => e.into_response(),
@@ -34,7 +33,7 @@ fn echo(req: Request<RequestBody>) -> Response<ResponseBody> {
 /// the client's end.
 async fn served<H, F>(handler: H, drain: &Drain) -> (tokio::task::JoinHandle<()>, TcpStream)
 where
-    H: Fn(WorkerId, Request<RequestBody>) -> F + Send + 'static,
+    H: Fn(WorkerId, Request) -> F + Send + 'static,
     F: Future<Output = Response<ResponseBody>> + Send,
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -121,12 +120,12 @@ fn a_head_is_parsed_only_once_complete_and_shares_its_bytes() {
             continue;
         };
         assert_eq!(i, bytes.len() - 3, "complete exactly at the blank line");
-        assert_eq!(head.parts.method, Method::POST);
-        assert_eq!(head.parts.uri.path(), "/v1/chat/completions");
-        assert_eq!(head.parts.uri.query(), Some("x=1"));
-        assert_eq!(head.parts.version, Version::HTTP_11);
-        let values: Vec<_> = head.parts.headers.get_all("x-a").iter().collect();
-        assert_eq!(values, ["1", "2"]);
+        assert_eq!(head.method, Method::POST);
+        assert_eq!(head.uri.path(), "/v1/chat/completions");
+        assert_eq!(head.uri.query(), Some("x=1"));
+        assert_eq!(head.version, Version::HTTP_11);
+        let values: Vec<_> = head.headers.get_all("x-a").collect();
+        assert_eq!(values, [b"1", b"2"]);
         assert!(head.keep_alive);
         assert!(matches!(head.body, BodyFraming::Decoder(d) if d.remaining() == Some(2)));
         assert!(buf.is_empty());
@@ -415,7 +414,7 @@ async fn draining_closes_idle_connections_and_finishes_requests_in_flight() {
     let (release, released) = oneshot::channel::<()>();
     let released = Arc::new(parking_lot::Mutex::new(Some(released)));
     let (serving_tx, mut serving) = mpsc::unbounded_channel::<()>();
-    let handler = move |_, req: Request<RequestBody>| {
+    let handler = move |_, req: Request| {
         let wait = released.lock().take();
         serving_tx.send(()).unwrap();
         async move {

@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::{Connections, Error, Settings};
+use crate::fields::Fields;
 use crate::upstream::Outgoing;
 
 /// What the fake replica does with a request.
@@ -224,19 +225,16 @@ fn settings() -> Settings {
 
 /// The request every test sends, to any replica.
 fn request(_to: SocketAddr) -> &'static Outgoing<'static> {
-    static PARTS: LazyLock<http::request::Parts> = LazyLock::new(|| {
-        Request::post("/v1/chat/completions")
-            .body(())
-            .unwrap()
-            .into_parts()
-            .0
-    });
+    static URI: LazyLock<Uri> = LazyLock::new(|| Uri::from_static("/v1/chat/completions"));
+    static HEADERS: LazyLock<Fields> = LazyLock::new(Fields::default);
     static BODY: Bytes = Bytes::from_static(b"{}");
     static ID: HeaderValue = HeaderValue::from_static("r1");
     static TRACE: HeaderValue =
         HeaderValue::from_static("00-11111111111111111111111111111111-2222222222222222-01");
     static REQUEST: LazyLock<Outgoing<'static>> = LazyLock::new(|| Outgoing {
-        parts: &PARTS,
+        method: &Method::POST,
+        uri: &URI,
+        headers: &HEADERS,
         body: &BODY,
         request_id: &ID,
         traceparent: &TRACE,
@@ -247,12 +245,12 @@ fn request(_to: SocketAddr) -> &'static Outgoing<'static> {
 /// Send a request and read its body to the end.
 async fn fetch(pool: &Connections, addr: SocketAddr) -> Result<String, Error> {
     let resp = within(pool.send(&addr.to_string(), request(addr))).await?;
-    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.status, StatusCode::OK);
     Ok(body_text(resp).await)
 }
 
-async fn body_text(resp: Response<super::Body>) -> String {
-    let bytes = within(resp.into_body().collect()).await.unwrap().to_bytes();
+async fn body_text(resp: crate::upstream::Response) -> String {
+    let bytes = within(resp.body.collect()).await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
@@ -354,7 +352,7 @@ async fn a_response_not_read_to_its_end_does_not_return_its_connection() {
     let resp = within(pool.send(&replica.addr.to_string(), request(replica.addr)))
         .await
         .unwrap();
-    let mut body = resp.into_body();
+    let mut body = resp.body;
     let frame = within(body.frame()).await.unwrap().unwrap();
     assert_eq!(frame.into_data().unwrap(), "ab");
     // The client went away mid-body.

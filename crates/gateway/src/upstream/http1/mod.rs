@@ -18,13 +18,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap};
 use http::{StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::fields::{self, Fields};
 pub use crate::framing::Decoder;
-use crate::framing::{self, DecodeError, Step};
+use crate::framing::{DecodeError, Step};
 
 /// Largest response head accepted (status line and headers).
 const HEAD_LIMIT: usize = 64 * 1024;
@@ -82,7 +82,8 @@ pub(super) fn is_closed_by_peer(e: &io::Error) -> bool {
 /// A response head, and how its body is framed.
 #[derive(Debug)]
 pub struct Head {
-    pub parts: http::response::Parts,
+    pub status: StatusCode,
+    pub headers: Fields,
     pub decoder: Decoder,
     /// Whether the connection may carry another request once the body has
     /// been read to its end.
@@ -236,19 +237,14 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
             Some(1) => Version::HTTP_11,
             _ => Version::HTTP_10,
         };
-        // Header values share the head's bytes once it is split off the
+        // The fields share the head's bytes once it is split off the
         // buffer.
-        let spans = framing::header_spans(buf, response.headers);
-        let head = buf.split_to(len).freeze();
-        let mut map =
-            framing::header_map(&head, spans).map_err(|e| Error::invalid(e.to_string()))?;
-        let (mut parts, ()) = http::Response::new(()).into_parts();
-        parts.status = status;
-        parts.version = version;
-        let (decoder, keep_alive) = framing(status, version, &mut map)?;
-        parts.headers = map;
+        let spans = fields::spans(buf, response.headers);
+        let headers = Fields::new(buf.split_to(len).freeze(), spans);
+        let (decoder, keep_alive) = framing(status, version, &headers)?;
         return Ok(Some(Head {
-            parts,
+            status,
+            headers,
             decoder,
             keep_alive,
         }));
@@ -256,27 +252,27 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Error> {
 }
 
 /// How the body is delimited (RFC 9112 §6.3), and whether the connection
-/// outlives it. A `Content-Length` next to `Transfer-Encoding` is removed
-/// (the latter wins, and the length is wrong) and the connection is not
-/// reused: a replica framing its answer two ways may not agree with us on
-/// where it ends.
+/// outlives it. A `Content-Length` next to `Transfer-Encoding` is ignored
+/// (the latter wins, and the length is wrong; the gateway frames its own
+/// response) and the connection is not reused: a replica framing its
+/// answer two ways may not agree with us on where it ends.
 fn framing(
     status: StatusCode,
     version: Version,
-    headers: &mut HeaderMap,
+    headers: &Fields,
 ) -> Result<(Decoder, bool), Error> {
-    let mut close = framing::has_token(headers, header::CONNECTION, b"close");
+    let mut close = headers.has_token("connection", b"close");
     let decoder = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Decoder::with_length(0)
-    } else if headers.contains_key(header::TRANSFER_ENCODING) {
-        close |= headers.remove(header::CONTENT_LENGTH).is_some();
-        if framing::ends_chunked(headers) {
+    } else if headers.contains("transfer-encoding") {
+        close |= headers.contains("content-length");
+        if headers.ends_chunked() {
             Decoder::chunked()
         } else {
             Decoder::until_close()
         }
     } else {
-        match framing::declared_length(headers)? {
+        match headers.declared_length().map_err(Error::invalid)? {
             Some(length) => Decoder::with_length(length),
             None => Decoder::until_close(),
         }
