@@ -187,9 +187,19 @@ impl Fields {
     /// (RFC 9110 §7.6.1), the framing ones the next hop's message sets
     /// itself, and any the `Connection` field names.
     pub fn end_to_end(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
-        let connection = self.contains("connection");
+        // Most `Connection` fields say only `keep-alive` or `close`, which
+        // name no field that goes on: then no field needs checking.
+        let names_fields = self
+            .get_all("connection")
+            .flat_map(|v| v.split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii)
+            .any(|t| {
+                !(t.is_empty()
+                    || t.eq_ignore_ascii_case(b"keep-alive")
+                    || t.eq_ignore_ascii_case(b"close"))
+            });
         self.iter().filter(move |&(name, _)| {
-            let named = connection && self.has_token("connection", name);
+            let named = names_fields && self.has_token("connection", name);
             !(is_hop_by_hop(name) || named)
         })
     }

@@ -109,9 +109,11 @@ fn hop_by_hop_and_connection_named_fields_do_not_go_on() {
 }
 
 #[test]
-fn without_a_connection_field_every_end_to_end_field_goes_on() {
+fn without_a_connection_field_naming_one_every_end_to_end_field_goes_on() {
     let f = Fields::from_pairs(&[("x-secret", "1"), ("content-type", "a/b")]);
     assert_eq!(names(f.end_to_end()), ["x-secret", "content-type"]);
+    let f = Fields::from_pairs(&[("connection", "Keep-Alive, , close"), ("x-secret", "1")]);
+    assert_eq!(names(f.end_to_end()), ["x-secret"]);
 }
 
 #[test]
