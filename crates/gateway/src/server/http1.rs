@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Method, Response, StatusCode, Uri, Version, header};
 use http_body::Body as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -49,6 +49,11 @@ const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// not pile up (nginx's default; clients' pools expire theirs sooner,
 /// httpx's after 5 s).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+/// A client that takes none of a response for this long is taken to be
+/// gone (nginx's `send_timeout`), and the connection is closed: a client
+/// that stops reading would otherwise hold it, and a stream's request to
+/// its replica, for ever.
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// After a refusal whose request body was left unread, this much of it is
 /// read and dropped, for at most [`LINGER`], before the connection closes:
 /// closing on unread bytes resets the connection, and the reset can reach
@@ -76,6 +81,8 @@ pub struct Connection {
     /// moved on by another [`IDLE_TIMEOUT`]: a busy connection touches
     /// neither the timer nor the clock per request.
     idle: Option<(Pin<Box<Sleep>>, u64)>,
+    /// [`SEND_TIMEOUT`].
+    send_timeout: Duration,
 }
 
 /// What the client sent that the handler does not see, but the response
@@ -129,7 +136,15 @@ impl Connection {
             arrival: None,
             served: 0,
             idle: None,
+            send_timeout: SEND_TIMEOUT,
         }
+    }
+
+    /// A shorter [`SEND_TIMEOUT`], for tests in real time.
+    #[cfg(test)]
+    pub fn with_send_timeout(mut self, timeout: Duration) -> Self {
+        self.send_timeout = timeout;
+        self
     }
 
     /// Whether the client opens with the HTTP/2 preface; `None` if it left
@@ -256,6 +271,7 @@ impl Connection {
                     write_all(
                         &mut self.io,
                         &mut [IoSlice::new(b"HTTP/1.1 100 Continue\r\n\r\n")],
+                        self.send_timeout,
                     )
                     .await
                     .map_err(|_| Unread::Closed)?;
@@ -422,7 +438,12 @@ impl Connection {
             exchange.version,
         );
         if framing == Framing::None {
-            write_all(&mut self.io, &mut [IoSlice::new(&self.out)]).await?;
+            write_all(
+                &mut self.io,
+                &mut [IoSlice::new(&self.out)],
+                self.send_timeout,
+            )
+            .await?;
             return Ok(!close);
         }
         let mut head_sent = false;
@@ -442,7 +463,12 @@ impl Connection {
                 // The head goes alone when the body is not there yet: a
                 // stream's client learns at once that it was accepted.
                 Next::Waiting => {
-                    write_all(&mut self.io, &mut [IoSlice::new(&self.out)]).await?;
+                    write_all(
+                        &mut self.io,
+                        &mut [IoSlice::new(&self.out)],
+                        self.send_timeout,
+                    )
+                    .await?;
                     head_sent = true;
                     continue;
                 }
@@ -484,6 +510,7 @@ impl Connection {
                     IoSlice::new(data),
                     IoSlice::new(after),
                 ],
+                self.send_timeout,
             )
             .await?;
             head_sent = true;
@@ -523,14 +550,35 @@ fn poll_fill(
     tokio_util::io::poll_read_buf(Pin::new(io), cx, buf)
 }
 
-async fn write_all(io: &mut TcpStream, slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+/// Write all of `slices`, or fail with `TimedOut` once the client has
+/// taken none of it for `send_timeout`.
+async fn write_all(
+    io: &mut TcpStream,
+    slices: &mut [IoSlice<'_>],
+    send_timeout: Duration,
+) -> io::Result<()> {
     let mut pending = slices;
     IoSlice::advance_slices(&mut pending, 0);
+    // Armed only when the socket is full, which a client that reads
+    // leaves it only briefly.
+    let mut stalled: Option<Pin<Box<Sleep>>> = None;
     while !pending.is_empty() {
-        let n = io.write_vectored(pending).await?;
+        let n = std::future::poll_fn(|cx| {
+            let written = Pin::new(&mut *io).poll_write_vectored(cx, pending);
+            if written.is_ready() {
+                return written;
+            }
+            let timer = stalled.get_or_insert_with(|| Box::pin(tokio::time::sleep(send_timeout)));
+            timer
+                .as_mut()
+                .poll(cx)
+                .map(|()| Err(io::ErrorKind::TimedOut.into()))
+        })
+        .await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
+        stalled = None;
         IoSlice::advance_slices(&mut pending, n);
     }
     Ok(())

@@ -408,6 +408,70 @@ async fn a_connection_that_never_sends_closes_after_the_idle_timeout() {
     assert_eq!(client.read_to_end(&mut rest).await.unwrap(), 0);
 }
 
+/// A response far larger than the socket buffers between server and
+/// client, for a client that reads little or nothing of it, from a
+/// connection that gives up on the client after `send_timeout`.
+async fn serving_a_large_response(
+    send_timeout: Duration,
+) -> (tokio::task::JoinHandle<()>, TcpStream, usize) {
+    const SIZE: usize = 64 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut client = TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (server, _) = listener.accept().await.unwrap();
+    let handler = |_, _| async { Response::new(body::full(Bytes::from(vec![b'x'; SIZE]))) };
+    let watch = Drain::new().watch();
+    let task = tokio::spawn(async move {
+        Connection::new(server)
+            .with_send_timeout(send_timeout)
+            .serve(handler, 0, LIMIT, watch)
+            .await;
+    });
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    (task, client, SIZE)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_is_dropped_after_the_send_timeout() {
+    let (task, _client, _) = serving_a_large_response(SEND_TIMEOUT).await;
+    tokio::time::sleep(SEND_TIMEOUT - Duration::from_secs(1)).await;
+    assert!(!task.is_finished());
+    // Paused time moves to the deadline once every task waits.
+    within(task).await.unwrap();
+}
+
+/// In real time: in paused time, the clock may jump past the deadline
+/// before the kernel has told the server the client read.
+#[tokio::test]
+async fn a_client_that_reads_slowly_gets_the_whole_response() {
+    let timeout = Duration::from_secs(1);
+    let (task, mut client, size) = serving_a_large_response(timeout).await;
+    let mut buf = vec![0; 1 << 20];
+    let mut read = 0;
+    // All that has arrived, then a pause of a quarter of the timeout, six
+    // times, the pauses longer than the timeout together: each read lets
+    // the server write more, which moves the timeout on.
+    for pause in 0.. {
+        client.readable().await.unwrap();
+        loop {
+            match client.try_read(&mut buf) {
+                Ok(0) => panic!("closed after {read} bytes"),
+                Ok(n) => read += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        if read >= size {
+            break;
+        }
+        if pause < 6 {
+            tokio::time::sleep(timeout / 4).await;
+        }
+    }
+    assert!(!task.is_finished());
+}
+
 #[tokio::test]
 async fn draining_closes_idle_connections_and_finishes_requests_in_flight() {
     let drain = Arc::new(Drain::new());
