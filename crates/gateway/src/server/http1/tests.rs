@@ -446,7 +446,7 @@ async fn a_client_that_stops_reading_is_dropped_after_the_send_timeout() {
 #[tokio::test]
 async fn a_client_that_reads_slowly_gets_the_whole_response() {
     let timeout = Duration::from_secs(1);
-    let (task, mut client, size) = serving_a_large_response(timeout).await;
+    let (task, client, size) = serving_a_large_response(timeout).await;
     let mut buf = vec![0; 1 << 20];
     let mut read = 0;
     // All that has arrived, then a pause of a quarter of the timeout, six
