@@ -6,6 +6,11 @@ use std::time::Duration;
 
 /// `limits.maxBodyBytes`: 32 MiB, room for long multimodal chat bodies.
 pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// `limits.maxConnections`: client connections open at once on the public
+/// listeners. Far more than clients need (each keeps a few, multiplexing
+/// or reusing them), few enough that a connection flood cannot take every
+/// file descriptor the gateway needs for its replicas.
+pub const MAX_CONNECTIONS: u32 = 10_000;
 /// `timeouts.connect`: a replica on the same network answers a SYN in
 /// well under a second; longer means it is gone.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

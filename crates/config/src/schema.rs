@@ -157,11 +157,16 @@ pub struct Admin {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: Option<u64>,
+    pub max_connections: Option<u32>,
 }
 
 impl Limits {
     pub fn max_body_bytes(&self) -> u64 {
         self.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES)
+    }
+
+    pub fn max_connections(&self) -> u32 {
+        self.max_connections.unwrap_or(defaults::MAX_CONNECTIONS)
     }
 }
 

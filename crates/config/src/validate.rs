@@ -73,6 +73,9 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
     if spec.limits.max_body_bytes == Some(0) {
         p.add("spec.limits.maxBodyBytes", "must be greater than 0");
     }
+    if spec.limits.max_connections == Some(0) {
+        p.add("spec.limits.maxConnections", "must be greater than 0");
+    }
     for (field, value) in [
         ("connect", spec.timeouts.connect),
         ("firstByte", spec.timeouts.first_byte),

@@ -41,6 +41,23 @@ fn example_fields_are_read() {
     );
     assert_eq!(c.spec.pools[1].policy(), Policy::LeastRequest);
     assert_eq!(c.spec.limits.max_body_bytes(), 33554432);
+    assert_eq!(c.spec.limits.max_connections(), 4096);
+}
+
+#[test]
+fn limits_must_be_positive() {
+    let yaml = minimal("    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"]}\n").replace(
+        "spec:\n",
+        "spec:\n  limits: {maxBodyBytes: 0, maxConnections: 0}\n",
+    );
+    let p = problems(&yaml);
+    assert_eq!(
+        p,
+        [
+            "spec.limits.maxBodyBytes: must be greater than 0",
+            "spec.limits.maxConnections: must be greater than 0",
+        ]
+    );
 }
 
 #[test]

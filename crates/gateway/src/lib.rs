@@ -33,7 +33,13 @@ use crate::server::Workers;
 use crate::state::State;
 
 pub use crate::admit::DropReason;
+
+/// Connections the admin listener serves at once, apart from the public
+/// listeners' limit: a flood of clients must not shut out the probes and
+/// the metrics scraper.
+const ADMIN_MAX_CONNECTIONS: u32 = 64;
 pub use crate::pool::picker_config;
+pub use crate::server::raise_descriptor_limit;
 
 /// A running gateway. Dropping it stops everything abruptly; call
 /// [`Gateway::shutdown`] to drain.
@@ -87,6 +93,7 @@ impl Gateway {
         let drain = Arc::new(Drain::new());
         let mut listeners = Vec::new();
         let mut accept_loops = Vec::new();
+        let slots = server::ConnectionSlots::new(spec.limits.max_connections());
         for l in &spec.listeners {
             let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
@@ -98,6 +105,7 @@ impl Gateway {
                 stop_rx.clone(),
                 Arc::clone(&drain),
                 spec.limits.max_body_bytes(),
+                slots.clone(),
             ));
             tracing::info!(listener = %l.name, %addr, "listening");
             listeners.push((l.name.clone(), addr));
@@ -114,6 +122,7 @@ impl Gateway {
                     stop_rx.clone(),
                     Arc::clone(&drain),
                     spec.limits.max_body_bytes(),
+                    server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS),
                 ));
                 tracing::info!(%addr, "admin listening");
                 Some(addr)

@@ -9,20 +9,15 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use gateway::Gateway;
-use gateway::telemetry::{ACCESS_TARGET, LogFormat, log_layers};
-use parking_lot::Mutex;
 use serde_json::{Value, json};
 use support::exposition::scrape;
+use support::logs::Logs;
 use support::{Behaviour, FakeReplica, MetricsFault, client, config, vllm_metrics};
-use tokio::sync::Notify;
-use tracing_subscriber::fmt::MakeWriter;
-use tracing_subscriber::layer::SubscriberExt;
 
 const CHAT: &str = "/v1/chat/completions";
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -36,83 +31,6 @@ const STREAM_EVENTS: [&str; 5] = [
     "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":3,\"total_tokens\":5}}\n\n",
     "data: [DONE]\n\n",
 ];
-
-// ---------------------------------------------------------------------
-// Log capture
-
-/// Everything the gateway logs, as written; wakes waiters on each write.
-#[derive(Clone, Default)]
-struct Logs {
-    bytes: Arc<Mutex<Vec<u8>>>,
-    written: Arc<Notify>,
-}
-
-impl std::io::Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.bytes.lock().extend_from_slice(buf);
-        self.written.notify_waiters();
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Logs {
-    type Writer = Logs;
-    fn make_writer(&'a self) -> Logs {
-        self.clone()
-    }
-}
-
-impl Logs {
-    /// Install the gateway's own log layers (text logs, JSON access log)
-    /// for this thread.
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
-        Self::capture_with("info")
-    }
-
-    fn capture_with(filter: &str) -> (Self, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::registry().with(log_layers(
-            LogFormat::Text,
-            Some(LogFormat::Json),
-            filter,
-            false,
-            logs.clone(),
-        ));
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.bytes.lock()).into_owned()
-    }
-
-    fn access(&self) -> Vec<Value> {
-        String::from_utf8_lossy(&self.bytes.lock())
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["target"] == ACCESS_TARGET)
-            .collect()
-    }
-
-    /// Wait for `n` access-log lines: a request is logged when its
-    /// response body is dropped, just after the client saw its end.
-    async fn wait_for_access(&self, n: usize) -> Vec<Value> {
-        tokio::time::timeout(DEADLINE, async {
-            loop {
-                let written = self.written.notified();
-                let lines = self.access();
-                if lines.len() >= n {
-                    return lines;
-                }
-                written.await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("expected {n} access-log lines, got {:?}", self.access()))
-    }
-}
 
 // ---------------------------------------------------------------------
 // Gateway helpers

@@ -154,6 +154,7 @@ async fn serve(
     }
     let config = config::validated(config)?;
     let telemetry = init_logging(log_format, &config.spec.telemetry)?;
+    check_descriptor_limit(&config);
     let gateway = gateway::Gateway::start(&config).await?;
     if demo {
         print_demo_banner(&gateway, &config);
@@ -167,6 +168,22 @@ async fn serve(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Raise the open-file limit, and say when even the raised one is short
+/// of what the connection limit may take: a descriptor per client
+/// connection and about as many to replicas.
+fn check_descriptor_limit(config: &config::InferenceGatewayConfig) {
+    let max_connections = config.spec.limits.max_connections();
+    match gateway::raise_descriptor_limit() {
+        Ok(limit) if limit < 2 * u64::from(max_connections) => tracing::warn!(
+            limit,
+            max_connections,
+            "the open-file limit is below what limits.maxConnections may need"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
 }
 
 fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatewayConfig) {

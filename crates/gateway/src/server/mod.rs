@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::{Method, Response, Uri, Version};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Drain;
@@ -125,7 +125,8 @@ const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Serve `handler` on `listener` until `stop` turns true, then stop
 /// accepting; open connections finish through `drain`. Accepting
 /// runs on the caller's runtime; each connection is handed to a worker.
-/// Request bodies over `max_body` bytes are refused.
+/// Request bodies over `max_body` bytes are refused. A connection holds
+/// one of `slots` while it is open; with none free, accepting waits.
 pub fn serve<H, F>(
     listener: TcpListener,
     workers: Arc<Workers>,
@@ -133,6 +134,7 @@ pub fn serve<H, F>(
     mut stop: watch::Receiver<bool>,
     drain: Arc<Drain>,
     max_body: u64,
+    slots: ConnectionSlots,
 ) -> tokio::task::JoinHandle<()>
 where
     H: Fn(WorkerId, Request) -> F + Clone + Send + Sync + 'static,
@@ -140,16 +142,36 @@ where
 {
     tokio::spawn(async move {
         loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // Out of file descriptors and the like: keep serving.
-                        tracing::warn!(error = %e, "accept failed");
-                        continue;
-                    }
-                },
+            if slots.semaphore.available_permits() == 0 {
+                tracing::warn!(
+                    limit = slots.limit,
+                    "connection limit reached: new connections wait to be accepted"
+                );
+            }
+            let slot = tokio::select! {
+                slot = Arc::clone(&slots.semaphore).acquire_owned() => {
+                    slot.expect("the semaphore is never closed")
+                }
                 _ = stop.wait_for(|s| *s) => break,
+            };
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            let (stream, peer) = match accepted {
+                Ok(conn) => conn,
+                // The connection failed before it was accepted.
+                Err(e) if is_connection_error(&e) => continue,
+                // Out of file descriptors (or memory): accepting again at
+                // once would fail again, in a busy loop. Open connections
+                // go on meanwhile, and some will close.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed; pausing accepts");
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                        _ = stop.wait_for(|s| *s) => break,
+                    }
+                }
             };
             let _ = stream.set_nodelay(true);
             let (worker, runtime) = workers.next();
@@ -165,6 +187,7 @@ where
             let watch = drain.watch();
             let handler = handler.clone();
             runtime.spawn(async move {
+                let _slot = slot;
                 let mut conn = http1::Connection::new(stream);
                 match conn.starts_with_http2(&watch).await {
                     None => {}
@@ -179,12 +202,71 @@ where
     })
 }
 
+/// How long accepting pauses after an error that is not one connection's,
+/// such as running out of file descriptors.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// An error that concerns only the connection being accepted.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    )
+}
+
+/// Room for this many client connections open at once, shared by the
+/// listeners given it.
+#[derive(Clone)]
+pub struct ConnectionSlots {
+    semaphore: Arc<Semaphore>,
+    limit: u32,
+}
+
+impl ConnectionSlots {
+    pub fn new(limit: u32) -> Self {
+        Self {
+            semaphore: Arc::new(Semaphore::new(limit as usize)),
+            limit,
+        }
+    }
+}
+
 /// Move a socket to `runtime`'s I/O driver, so that its readiness wakes
 /// that worker.
 fn register(runtime: &Handle, stream: std::net::TcpStream) -> std::io::Result<TcpStream> {
     // `from_std` registers with the runtime entered on this thread.
     let _entered = runtime.enter();
     TcpStream::from_std(stream)
+}
+
+/// Raise the process's soft limit on open file descriptors to its hard
+/// limit, as Go's runtime does at start: the soft limit is often 1,024,
+/// which a gateway (a descriptor per client connection and per replica
+/// connection) outgrows long before `limits.maxConnections`. Returns the
+/// limit now in force.
+pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain calls on a valid rlimit value.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit = raised;
+        }
+    }
+    Ok(limit.rlim_cur)
 }
 
 pub async fn bind(address: &str) -> anyhow::Result<(TcpListener, SocketAddr)> {

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod exposition;
+pub mod logs;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
