@@ -158,16 +158,19 @@ async fn infer(
     // 7. pick happens inside admission (the dispatcher picks for waiters).
     let explain = state.debug.decision_headers
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
-    let picker_config = pool.picker.config();
-    let pick = OwnedPick {
-        adapter: route.adapter.clone(),
-        prefix_hashes: if picker_config.uses_prompt_hashes(explain) {
+    let prefix_hashes = {
+        let picker_config = pool.picker.config();
+        if picker_config.uses_prompt_hashes(explain) {
             request
                 .prompt_hashes(route.adapter.as_deref(), &picker_config.prefix)
                 .into()
         } else {
             Arc::default()
-        },
+        }
+    };
+    let pick = OwnedPick {
+        adapter: route.adapter.clone(),
+        prefix_hashes,
         estimated_tokens: request.estimated_tokens,
         explain,
     };
@@ -192,7 +195,7 @@ async fn infer(
     let mut tried: Vec<usize> = Vec::new();
     loop {
         let decision = &admitted.decision;
-        let endpoint = Arc::clone(&decision.endpoint);
+        let endpoint = &decision.endpoint;
         pool.metrics.count_decision(decision);
         record.endpoint = Some(endpoint.addr.clone());
         record.decision = decision.top;

@@ -142,8 +142,10 @@ impl Pool {
         }
     }
 
-    pub fn config(&self) -> Arc<PickerConfig> {
-        self.config.load_full()
+    /// The configuration in force, borrowed (no reference count written per
+    /// request). Hold it briefly.
+    pub fn config(&self) -> arc_swap::Guard<Arc<PickerConfig>> {
+        self.config.load()
     }
 
     /// Apply a new configuration to later picks. Load, membership and the
