@@ -13,6 +13,8 @@ use tracing_subscriber::{Layer, Registry};
 
 pub use config::LogFormat;
 
+use super::access_log::AccessLogLayer;
+
 /// Target of access-log events: one per request, written by the record
 /// stage. `INFERGATE_LOG=info,infergate::access=off` silences them.
 pub const ACCESS_TARGET: &str = "infergate::access";
@@ -112,19 +114,14 @@ where
         EnvFilter::try_new(format!("{filter}{extra}"))
             .unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER))
     };
-    let general = fmt_layer(format, writer.clone(), ansi, true)
-        .with_filter(env(&format!(",{ACCESS_TARGET}=off")));
-    let access = fmt_layer(access_format.unwrap_or(format), writer, ansi, false)
+    let general =
+        fmt_layer(format, writer.clone(), ansi).with_filter(env(&format!(",{ACCESS_TARGET}=off")));
+    let access = AccessLogLayer::new(access_format.unwrap_or(format), writer, ansi)
         .with_filter(env("").and(Targets::new().with_target(ACCESS_TARGET, LevelFilter::TRACE)));
     general.and_then(access)
 }
 
-fn fmt_layer<S, W>(
-    format: LogFormat,
-    writer: W,
-    ansi: bool,
-    spans: bool,
-) -> Box<dyn Layer<S> + Send + Sync>
+fn fmt_layer<S, W>(format: LogFormat, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
@@ -137,8 +134,8 @@ where
         LogFormat::Json => layer
             .json()
             .flatten_event(true)
-            .with_current_span(spans)
-            .with_span_list(spans)
+            .with_current_span(true)
+            .with_span_list(true)
             .boxed(),
     }
 }

@@ -12,6 +12,7 @@
 //!
 //! The record stage (`record.rs`) is where a request's numbers are counted.
 
+mod access_log;
 mod live;
 mod log_writer;
 pub mod logging;
