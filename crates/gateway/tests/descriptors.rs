@@ -1,75 +1,21 @@
-//! File descriptors: out of them, the gateway pauses accepting instead of
-//! retrying in a busy loop, and accepts again once some are free; at start
-//! it raises its limit. A test binary of its own, as it changes the whole
-//! process's descriptor limit; its tests take turns.
+//! Out of file descriptors, the gateway pauses accepting instead of
+//! retrying in a busy loop, and accepts again once some are free. A test
+//! binary of its own, with one test: it takes every descriptor the process
+//! may open.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use gateway::Gateway;
+use support::descriptors::{DescriptorLimit, open_descriptors};
 use support::logs::Logs;
 use support::{Behaviour, FakeReplica, config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Held by each test while it changes the process's limit.
-static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The soft limit on open descriptors, set for the test's span.
-struct DescriptorLimit(libc::rlimit);
-
-impl DescriptorLimit {
-    fn lower_to(soft: u64) -> Self {
-        let mut old = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: plain calls on a valid rlimit value.
-        unsafe {
-            assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut old), 0);
-            let new = libc::rlimit {
-                rlim_cur: soft,
-                rlim_max: old.rlim_max,
-            };
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &new), 0);
-        }
-        Self(old)
-    }
-
-    fn soft() -> u64 {
-        Self::read().rlim_cur
-    }
-
-    fn hard() -> u64 {
-        Self::read().rlim_max
-    }
-
-    fn read() -> libc::rlimit {
-        let mut now = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: a plain call on a valid rlimit value.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
-        now
-    }
-}
-
-impl Drop for DescriptorLimit {
-    fn drop(&mut self) {
-        // SAFETY: restores the value read before.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &self.0) };
-    }
-}
-
-fn open_descriptors() -> u64 {
-    std::fs::read_dir("/proc/self/fd").unwrap().count() as u64
-}
-
 #[tokio::test]
 async fn out_of_descriptors_accepting_pauses_and_then_resumes() {
-    let _turn = TURN.lock().await;
     let (logs, _guard) = Logs::capture();
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
     let pools = format!(
@@ -120,14 +66,4 @@ async fn out_of_descriptors_accepting_pauses_and_then_resumes() {
         failures <= pauses + 2,
         "{failures} failed accepts in {failing_for:?}"
     );
-}
-
-#[tokio::test]
-async fn the_soft_limit_is_raised_to_the_hard_one() {
-    let _turn = TURN.lock().await;
-    let hard = DescriptorLimit::hard();
-    let _restore = DescriptorLimit::lower_to(hard.min(open_descriptors() + 4096) - 1);
-    assert!(DescriptorLimit::soft() < hard);
-    assert_eq!(gateway::raise_descriptor_limit().unwrap(), hard);
-    assert_eq!(DescriptorLimit::soft(), hard);
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod descriptors;
 pub mod exposition;
 pub mod logs;
 
