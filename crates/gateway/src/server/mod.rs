@@ -25,6 +25,13 @@ use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Drain;
 use crate::fields::Fields;
 
+/// A kept-alive connection with no request under way for this long is
+/// closed, so that connections clients abandoned do not pile up (nginx's
+/// default; clients' pools expire theirs sooner, httpx's after 5 s). An
+/// HTTP/1.1 connection may take up to twice as long (see
+/// [`http1::Connection`]).
+const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
+
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.
 pub type WorkerId = usize;
