@@ -9,7 +9,7 @@
 //! twice per request for nothing. `httparse` has already checked names and
 //! values, so nothing is validated again. Names compare in any case and go
 //! on as received; HTTP/2 messages, which arrive as maps, are converted at
-//! the edge ([`Fields::from_map`], [`Fields::to_map`]).
+//! the edge ([`Fields::from_map`], [`header_map`]).
 
 use std::ops::Range;
 
@@ -27,6 +27,21 @@ pub struct Span {
 pub struct Fields {
     head: Bytes,
     spans: Vec<Span>,
+}
+
+/// `fields` (names and values as a head carried them) as a map, for
+/// hyper's HTTP/2; any named invalidly for HTTP/2 is dropped (an HTTP/1.1
+/// name may be anything `httparse` reads as a token).
+pub fn header_map<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (name, value) in fields {
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            map.append(name, value);
+        }
+    }
+    map
 }
 
 /// Where `s`, a slice of `buf`, lies in it.
@@ -86,20 +101,6 @@ impl Fields {
             );
         }
         Self::from_map(&map)
-    }
-
-    /// The fields as a map, those named invalidly for HTTP/2 dropped (an
-    /// HTTP/1.1 name may be anything `httparse` reads as a token).
-    pub fn to_map<'a>(fields: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in fields {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-            {
-                map.append(name, value);
-            }
-        }
-        map
     }
 
     pub fn len(&self) -> usize {

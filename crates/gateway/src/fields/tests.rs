@@ -119,7 +119,7 @@ fn without_a_connection_field_naming_one_every_end_to_end_field_goes_on() {
 #[test]
 fn a_map_round_trips() {
     let f = Fields::from_pairs(&[("a", "1"), ("b", "2"), ("a", "3")]);
-    let map = Fields::to_map(f.iter());
+    let map = header_map(f.iter());
     assert_eq!(map.len(), 3);
     assert_eq!(
         map.get_all("a").iter().collect::<Vec<_>>(),

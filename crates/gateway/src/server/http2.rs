@@ -32,7 +32,7 @@ use tokio::sync::Notify;
 use super::{IDLE_TIMEOUT, WorkerId};
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
-use crate::fields::Fields;
+use crate::fields::{self, Fields};
 
 pub async fn serve<H, F>(
     io: TcpStream,
@@ -107,7 +107,7 @@ async fn serve_with<H, F>(
 /// a proxied body carries as they arrived, join the gateway's there.
 fn with_replica_headers(response: Response<ResponseBody>) -> Response<ResponseBody> {
     let (mut parts, body) = response.into_parts();
-    let replica = Fields::to_map(body.forwarded_headers(&parts.headers));
+    let replica = fields::header_map(body.forwarded_headers(&parts.headers));
     // None of the replica's names is among the gateway's.
     parts.headers.extend(replica);
     Response::from_parts(parts, body)

@@ -12,7 +12,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 
-use crate::fields::Fields;
+use crate::fields::{self, Fields};
 use crate::telemetry::trace_context::TRACEPARENT;
 
 pub use connections::Connections;
@@ -92,7 +92,7 @@ impl Outgoing<'_> {
             .parse::<Uri>()
             .expect("host:port and an already-parsed path form a valid URI");
         let headers = req.headers_mut();
-        *headers = Fields::to_map(self.forwarded_headers());
+        *headers = fields::header_map(self.forwarded_headers());
         headers.insert(REQUEST_ID, self.request_id.clone());
         headers.insert(TRACEPARENT, self.traceparent.clone());
         req
