@@ -112,6 +112,8 @@ mod tests {
             ),
             ("tracestate", "vendor=1"),
             ("host", "gw"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
             ("x-request-id", "theirs"),
         ]);
         let uri = Uri::from_static("/v1/chat/completions?x=1");
@@ -155,6 +157,8 @@ mod tests {
         assert_eq!(req.version(), http::Version::HTTP_2);
         let headers = req.headers();
         assert!(headers.get(http::header::HOST).is_none());
+        assert!(headers.get("x-hop").is_none());
+        assert!(headers.get(http::header::CONNECTION).is_none());
         assert_eq!(headers.get_all(REQUEST_ID).iter().count(), 1);
         assert_eq!(headers[REQUEST_ID], "req-1");
         assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
