@@ -264,6 +264,16 @@ impl Connections {
             .map_or(0, |&i| state.replicas[i].idle.len())
     }
 
+    /// Read-buffer capacity held by the idle HTTP/1.1 connections to `addr`.
+    #[cfg(test)]
+    fn idle_buffers(&self, addr: &str) -> usize {
+        let state = self.shared.state.lock();
+        state.index.get(addr).map_or(0, |&i| {
+            let idle = &state.replicas[i].idle;
+            idle.iter().map(|i| i.conn.buffer_capacity()).sum()
+        })
+    }
+
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
         match self.shared.settings.protocol {
             config::Protocol::Http1 => {
@@ -416,7 +426,8 @@ impl Shared {
     }
 
     /// An HTTP/1.1 connection whose response was read to its end.
-    fn put_back(self: &Arc<Self>, replica: usize, conn: Connection) {
+    fn put_back(self: &Arc<Self>, replica: usize, mut conn: Connection) {
+        conn.release_buffer();
         let now = Instant::now();
         let mut state = self.state.lock();
         state.replicas[replica]

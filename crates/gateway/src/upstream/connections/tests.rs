@@ -274,6 +274,8 @@ async fn an_idle_connection_is_reused() {
     for _ in 0..3 {
         assert_eq!(fetch(&pool, replica.addr).await.unwrap(), "c0");
         assert_eq!(pool.idle(&replica.addr.to_string()), 1);
+        // Idle, it holds no read buffer.
+        assert_eq!(pool.idle_buffers(&replica.addr.to_string()), 0);
     }
     assert_eq!(replica.accepted(), 1);
 }

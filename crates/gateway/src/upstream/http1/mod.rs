@@ -189,6 +189,22 @@ impl Connection {
         }
     }
 
+    /// Let go of the read buffer of a connection going idle. It holds the
+    /// memory of the responses read into it (up to [`READ_SIZE`] and
+    /// more); a pool's idle connections would otherwise hold as much each,
+    /// for as long as they stay idle. The next request allocates afresh.
+    pub fn release_buffer(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// The read buffer's capacity, for tests.
+    #[cfg(test)]
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// Whether nothing past the last response has arrived: only then may
     /// the connection carry another request.
     pub fn is_drained(&self) -> bool {
