@@ -911,6 +911,7 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
             got.extend_from_slice(&buf[..n]);
         }
     }
+    let (logs, _guard) = support::logs::Logs::capture();
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let cfg = config(
         "  limits: {maxConnections: 1}\n",
@@ -935,4 +936,7 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
     // A slot frees: the second is served.
     drop(first);
     answered(&mut second).await;
+    // Said once, when the limit was reached, not per connection after.
+    let warnings = logs.text().matches("connection limit reached").count();
+    assert_eq!(warnings, 1, "{}", logs.text());
 }

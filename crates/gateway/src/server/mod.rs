@@ -148,13 +148,17 @@ where
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
     tokio::spawn(async move {
+        // Said once each time the limit is reached, not per connection.
+        let mut at_limit = false;
         loop {
-            if slots.semaphore.available_permits() == 0 {
+            let full = slots.semaphore.available_permits() == 0;
+            if full && !at_limit {
                 tracing::warn!(
                     limit = slots.limit,
                     "connection limit reached: new connections wait to be accepted"
                 );
             }
+            at_limit = full;
             let slot = tokio::select! {
                 slot = Arc::clone(&slots.semaphore).acquire_owned() => {
                     slot.expect("the semaphore is never closed")
