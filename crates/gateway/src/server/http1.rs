@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::{IDLE_TIMEOUT, Request, WorkerId};
+use super::{IDLE_TIMEOUT, Request, SEND_TIMEOUT, WorkerId};
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::error::ApiError;
@@ -44,11 +44,6 @@ const READ_SIZE: usize = 16 * 1024;
 /// Time a request has to arrive in full once its first byte has: a client
 /// sending a byte now and then must not hold a connection forever.
 const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(30);
-/// A client that takes none of a response for this long is taken to be
-/// gone (nginx's `send_timeout`), and the connection is closed: a client
-/// that stops reading would otherwise hold it, and a stream's request to
-/// its replica, for ever.
-const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// After a refusal whose request body was left unread, this much of it is
 /// read and dropped, for at most [`LINGER`], before the connection closes:
 /// closing on unread bytes resets the connection, and the reset can reach

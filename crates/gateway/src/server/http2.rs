@@ -3,11 +3,14 @@
 //! to hyper before the socket's.
 //!
 //! As for HTTP/1.1, a connection with no request under way for
-//! [`IDLE_TIMEOUT`] is closed (with a GOAWAY): hyper has no idle timeout
-//! of its own, so each stream holds a count of the open ones until its
-//! response body is dropped. A client that stops answering is found by
-//! pings: one after [`PING_INTERVAL`] without a frame from it, and the
-//! connection closed if [`PING_TIMEOUT`] passes without the answer.
+//! [`IDLE_TIMEOUT`] is closed (with a GOAWAY), and a stream whose client
+//! takes none of its response for [`SEND_TIMEOUT`] loses its response
+//! body, which aborts the replica's request ([`streams`]). A client that
+//! stops answering is found by pings: one after [`PING_INTERVAL`] without
+//! a frame from it, and the connection closed if [`PING_TIMEOUT`] passes
+//! without the answer.
+
+mod streams;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -15,21 +18,19 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{Request, Response};
-use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
 
-use super::{IDLE_TIMEOUT, WorkerId};
+use self::streams::Streams;
+use super::{IDLE_TIMEOUT, SEND_TIMEOUT, WorkerId};
 use crate::body::{RequestBody, ResponseBody};
 use crate::drain::Watch;
 use crate::fields::{self, Fields};
@@ -61,10 +62,11 @@ async fn serve_with<H, F>(
     H: Fn(WorkerId, super::Request) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
-    let streams = Arc::new(Streams::default());
+    let streams = Arc::new(Streams::<ResponseBody>::default());
     let counted = Arc::clone(&streams);
     let service = service_fn(move |req: Request<Incoming>| {
         let open = Streams::open(&counted);
+        let streams = Arc::clone(&counted);
         let (parts, body) = req.into_parts();
         let handling = handler(
             worker,
@@ -78,7 +80,7 @@ async fn serve_with<H, F>(
         );
         async move {
             let response = with_replica_headers(handling.await);
-            Ok::<_, Infallible>(response.map(|body| Counted { body, _open: open }))
+            Ok::<_, Infallible>(response.map(|body| Streams::respond(&streams, body, open)))
         }
     });
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -87,6 +89,7 @@ async fn serve_with<H, F>(
         .keep_alive_timeout(timeouts.ping_timeout)
         .serve_connection(TokioIo::new(Replayed { read, io }), service);
     let mut conn = pin!(conn);
+    let cut_stalled = streams.cut_stalled(timeouts.send);
     let ended = tokio::select! {
         ended = conn.as_mut() => ended,
         () = watch.draining() => {
@@ -97,6 +100,7 @@ async fn serve_with<H, F>(
             conn.as_mut().graceful_shutdown();
             conn.await
         }
+        () = cut_stalled => unreachable!("watches for as long as the connection lives"),
     };
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -121,84 +125,17 @@ const PING_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone, Copy)]
 struct Timeouts {
     idle: Duration,
+    send: Duration,
     ping_interval: Option<Duration>,
     ping_timeout: Duration,
 }
 
 const TIMEOUTS: Timeouts = Timeouts {
     idle: IDLE_TIMEOUT,
+    send: SEND_TIMEOUT,
     ping_interval: Some(PING_INTERVAL),
     ping_timeout: PING_TIMEOUT,
 };
-
-/// The connection's open streams: each holds an [`Open`] from its request
-/// until its response body is dropped.
-#[derive(Default)]
-struct Streams {
-    open: AtomicUsize,
-    changed: Notify,
-}
-
-impl Streams {
-    fn open(this: &Arc<Self>) -> Open {
-        this.open.fetch_add(1, Ordering::Relaxed);
-        this.changed.notify_waiters();
-        Open(Arc::clone(this))
-    }
-
-    /// Completes once no stream has been open for `timeout`.
-    async fn idle_for(&self, timeout: Duration) {
-        loop {
-            let changed = self.changed.notified();
-            let mut changed = pin!(changed);
-            // Registered before the count is read: no change is missed.
-            changed.as_mut().enable();
-            if self.open.load(Ordering::Relaxed) > 0 {
-                changed.await;
-                continue;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(timeout) => return,
-                () = changed => {}
-            }
-        }
-    }
-}
-
-struct Open(Arc<Streams>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-        self.0.changed.notify_waiters();
-    }
-}
-
-/// A response body that keeps its stream counted as open.
-struct Counted {
-    body: ResponseBody,
-    _open: Open,
-}
-
-impl Body for Counted {
-    type Data = Bytes;
-    type Error = crate::body::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
-}
 
 /// A socket whose first bytes were already read: `read` comes first.
 struct Replayed {

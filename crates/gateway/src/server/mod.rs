@@ -32,6 +32,12 @@ use crate::fields::Fields;
 /// [`http1::Connection`]).
 const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
 
+/// A client that takes none of a response for this long is taken to be
+/// gone (nginx's `send_timeout`): an HTTP/1.1 connection is closed, an h2c
+/// stream loses its response body. A client that stops reading would
+/// otherwise hold its replica's request for ever.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.
 pub type WorkerId = usize;
