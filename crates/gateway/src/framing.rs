@@ -17,7 +17,7 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    pub fn invalid(what: impl Into<String>) -> Self {
+    fn invalid(what: impl Into<String>) -> Self {
         DecodeError::Invalid(what.into())
     }
 }

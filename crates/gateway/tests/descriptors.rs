@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use gateway::Gateway;
 use support::descriptors::{DescriptorLimit, open_descriptors};
 use support::logs::Logs;
-use support::{Behaviour, FakeReplica, config};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{Behaviour, FakeReplica, HEALTHZ, config, healthz_answered};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 #[tokio::test]
@@ -36,9 +36,7 @@ async fn out_of_descriptors_accepting_pauses_and_then_resumes() {
     }
     held.pop();
     let mut conn = TcpStream::connect(gw.addr()).await.unwrap();
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-        .await
-        .unwrap();
+    conn.write_all(HEALTHZ).await.unwrap();
 
     // The kernel completed the connection; the gateway cannot accept it.
     tokio::time::timeout(Duration::from_secs(10), logs.wait_for_text("accept failed"))
@@ -46,16 +44,8 @@ async fn out_of_descriptors_accepting_pauses_and_then_resumes() {
         .expect("a failed accept is logged");
     let failing_since = Instant::now();
     drop(held);
-    let mut answer = Vec::new();
-    while !answer.ends_with(b"\r\n\r\nok") {
-        let mut buf = [0; 1024];
-        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
-            .await
-            .expect("accepted and answered once descriptors are free")
-            .unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
-        answer.extend_from_slice(&buf[..n]);
-    }
+    // Accepted and answered once descriptors are free.
+    healthz_answered(&mut conn).await;
     let failing_for = failing_since.elapsed();
     drop(limit);
 

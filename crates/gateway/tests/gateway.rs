@@ -895,22 +895,9 @@ async fn a_replicas_end_to_end_headers_reach_the_client_over_either_protocol() {
 
 #[tokio::test]
 async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use support::{HEALTHZ, healthz_answered};
+    use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
-    const HEALTH: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n";
-    /// One `/healthz` answer: its head, then "ok".
-    async fn answered(conn: &mut TcpStream) {
-        let mut got = Vec::new();
-        while !got.ends_with(b"\r\n\r\nok") {
-            let mut buf = [0; 1024];
-            let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
-                .await
-                .expect("answered")
-                .unwrap();
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
-    }
     let (logs, _guard) = support::logs::Logs::capture();
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let cfg = config(
@@ -919,15 +906,15 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
     );
     let gw = Gateway::start(&cfg).await.unwrap();
     let mut first = TcpStream::connect(gw.addr()).await.unwrap();
-    first.write_all(HEALTH).await.unwrap();
-    answered(&mut first).await;
+    first.write_all(HEALTHZ).await.unwrap();
+    healthz_answered(&mut first).await;
     // The kernel completes the second connection, but the gateway does
     // not take it while the first is open...
     let mut second = TcpStream::connect(gw.addr()).await.unwrap();
-    second.write_all(HEALTH).await.unwrap();
+    second.write_all(HEALTHZ).await.unwrap();
     // ...though it goes on serving the first, asked after the second was.
-    first.write_all(HEALTH).await.unwrap();
-    answered(&mut first).await;
+    first.write_all(HEALTHZ).await.unwrap();
+    healthz_answered(&mut first).await;
     let mut nothing = [0; 16];
     assert_eq!(
         second.try_read(&mut nothing).map_err(|e| e.kind()),
@@ -935,7 +922,7 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
     );
     // A slot frees: the second is served.
     drop(first);
-    answered(&mut second).await;
+    healthz_answered(&mut second).await;
     // Said once, when the limit was reached, not per connection after.
     let warnings = logs.text().matches("connection limit reached").count();
     assert_eq!(warnings, 1, "{}", logs.text());

@@ -155,31 +155,8 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use parking_lot::Mutex;
-
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Buffer {
-        type Writer = Buffer;
-        fn make_writer(&'a self) -> Buffer {
-            self.clone()
-        }
-    }
+    use crate::telemetry::test_writer::Buffer;
 
     #[test]
     fn access_log_has_its_own_format() {
@@ -196,7 +173,7 @@ mod tests {
             tracing::info!(answer = 42, "plain line");
             tracing::debug!("filtered out");
         });
-        let text = String::from_utf8(buffer.0.lock().clone()).unwrap();
+        let text = buffer.text();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2, "{text}");
         let access: serde_json::Value = serde_json::from_str(lines[0]).unwrap();

@@ -19,6 +19,8 @@ pub mod logging;
 pub mod metrics;
 mod otlp;
 pub mod response;
+#[cfg(test)]
+mod test_writer;
 pub mod trace_context;
 
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};

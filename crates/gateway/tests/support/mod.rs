@@ -322,3 +322,22 @@ pub fn config(extra_spec: &str, pools: &str) -> config::InferenceGatewayConfig {
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
+
+/// A raw `/healthz` request, for tests that hold the connection themselves.
+pub const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n";
+
+/// Read one answer to [`HEALTHZ`] off `conn`: its head, then `ok`. Fails
+/// if the connection closes first, or after 10 s without it.
+pub async fn healthz_answered(conn: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    while !got.ends_with(b"\r\n\r\nok") {
+        let mut buf = [0; 1024];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("answered within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}

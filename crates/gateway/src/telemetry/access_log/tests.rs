@@ -1,42 +1,10 @@
 //! The layer writes what tracing-subscriber's formatter writes for the same
 //! events, timestamps aside.
 
-use std::sync::Arc;
-
-use parking_lot::Mutex;
 use tracing_subscriber::layer::SubscriberExt;
 
 use super::*;
-
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Buffer {
-    type Writer = Buffer;
-    fn make_writer(&'a self) -> Buffer {
-        self.clone()
-    }
-}
-
-impl Buffer {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8(self.0.lock().clone())
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
+use crate::telemetry::test_writer::Buffer;
 
 /// Events with every kind of value the access log carries, and strings
 /// that need escaping.
