@@ -4,8 +4,23 @@
 
 use std::time::Duration;
 
-/// `limits.maxBodyBytes`: 32 MiB, room for long multimodal chat bodies.
-pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// `limits.maxBodyBytes`: 16 MiB. A 128k-token prompt is about 0.5 MB
+/// of text; the rest is room for a handful of base64 images in a
+/// multimodal chat. Larger bodies belong in a file API, not a prompt.
+pub const MAX_BODY_BYTES: u64 = 16 * 1024 * 1024;
+/// `limits.maxBufferedBodyBytes`: 512 MiB of request bodies in memory at
+/// once across all connections (32 bodies at the largest size, thousands
+/// of ordinary ones). Beyond it a request waits up to
+/// [`BODY_BUDGET_WAIT`], then gets 503 with `Retry-After`: never an
+/// out-of-memory kill.
+pub const MAX_BUFFERED_BODY_BYTES: u64 = 512 * 1024 * 1024;
+/// How long a request body waits for room in the buffered-bytes budget.
+pub const BODY_BUDGET_WAIT: Duration = Duration::from_secs(2);
+/// `limits.headerTimeout`: a new connection's first request head must
+/// arrive within this (nginx's `client_header_timeout` is 60 s; a client
+/// that connects means to send at once). Later requests on a kept-alive
+/// connection are bounded by the keep-alive idle timeout.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
 /// `limits.maxConnections`: client connections open at once on the public
 /// listeners. Far more than clients need (each keeps a few, multiplexing
 /// or reusing them), few enough that a connection flood cannot take every

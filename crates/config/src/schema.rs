@@ -50,6 +50,8 @@ pub struct Spec {
     pub flow_control: FlowControl,
     #[serde(default)]
     pub telemetry: Telemetry,
+    #[serde(default)]
+    pub forwarding: Forwarding,
     pub pools: Vec<Pool>,
 }
 
@@ -157,7 +159,15 @@ pub struct Admin {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: Option<u64>,
+    /// Request body bytes held in memory at once, across every connection.
+    pub max_buffered_body_bytes: Option<u64>,
     pub max_connections: Option<u32>,
+    /// Client connections open at once from one IP address; unlimited when
+    /// absent.
+    pub max_connections_per_client: Option<u32>,
+    /// How long a new connection has to deliver its first request head.
+    #[serde(default, with = "humantime_serde")]
+    pub header_timeout: Option<Duration>,
 }
 
 impl Limits {
@@ -165,9 +175,86 @@ impl Limits {
         self.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES)
     }
 
+    pub fn max_buffered_body_bytes(&self) -> u64 {
+        self.max_buffered_body_bytes
+            .unwrap_or(defaults::MAX_BUFFERED_BODY_BYTES)
+    }
+
     pub fn max_connections(&self) -> u32 {
         self.max_connections.unwrap_or(defaults::MAX_CONNECTIONS)
     }
+
+    pub fn header_timeout(&self) -> Duration {
+        self.header_timeout.unwrap_or(defaults::HEADER_TIMEOUT)
+    }
+}
+
+/// What the public listeners pass on to replicas, and whom they believe.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Forwarding {
+    /// `POST` paths forwarded besides the inference endpoints (for example
+    /// an engine's `/v1/load_lora_adapter`). Exact paths, no patterns.
+    #[serde(default)]
+    pub extra_paths: Vec<String>,
+    /// Peers (IP addresses or CIDR blocks) whose `X-Forwarded-For` and
+    /// `Forwarded` values are kept and extended; from any other peer they
+    /// are replaced by the peer's own address.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    /// Whose `traceparent` sampled flag may force a trace to be recorded.
+    #[serde(default)]
+    pub client_sampling: ClientSampling,
+}
+
+impl Forwarding {
+    /// `trustedProxies`, parsed (validation has refused any invalid one).
+    pub fn trusted_proxies(&self) -> Vec<ipnet::IpNet> {
+        self.trusted_proxies
+            .iter()
+            .filter_map(|p| parse_ip_net(p).ok())
+            .collect()
+    }
+}
+
+/// An IP address (a one-address block) or a CIDR block.
+pub fn parse_ip_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?} is neither an IP address nor a CIDR block"))
+}
+
+/// A path an operator may add to the forwarded ones: absolute, without
+/// dot segments, encoded characters or a query.
+pub fn check_forward_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') {
+        return Err(format!("{path:?} must start with /"));
+    }
+    if path.contains(['%', '?', '#', '\\']) || !path.is_ascii() {
+        return Err(format!(
+            "{path:?} must be a plain path: no %-encoding, query, fragment or backslash"
+        ));
+    }
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(format!("{path:?} must not contain . or .. segments"));
+    }
+    Ok(())
+}
+
+/// Whether a caller's `traceparent` may force sampling. A caller's trace
+/// id is always joined; this decides only whether its sampled flag is
+/// obeyed or the gateway's own `sampleRatio` decides.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ClientSampling {
+    /// Any caller's flag is obeyed.
+    Always,
+    /// Only the flag of a peer in `trustedProxies`.
+    #[default]
+    TrustedProxies,
+    /// No caller's flag is obeyed.
+    Never,
 }
 
 /// Upstream timeouts. The defaults never cut a long generation that is

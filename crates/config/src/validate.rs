@@ -76,6 +76,35 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
     if spec.limits.max_connections == Some(0) {
         p.add("spec.limits.maxConnections", "must be greater than 0");
     }
+    if spec.limits.max_connections_per_client == Some(0) {
+        p.add(
+            "spec.limits.maxConnectionsPerClient",
+            "must be greater than 0",
+        );
+    }
+    if spec
+        .limits
+        .max_buffered_body_bytes
+        .is_some_and(|b| b < spec.limits.max_body_bytes())
+    {
+        p.add(
+            "spec.limits.maxBufferedBodyBytes",
+            "must be at least limits.maxBodyBytes, or no body of the largest size could ever be read",
+        );
+    }
+    if spec.limits.header_timeout == Some(Duration::ZERO) {
+        p.add("spec.limits.headerTimeout", "must be greater than 0");
+    }
+    for (i, path) in spec.forwarding.extra_paths.iter().enumerate() {
+        if let Err(why) = crate::schema::check_forward_path(path) {
+            p.add(format!("spec.forwarding.extraPaths[{i}]"), why);
+        }
+    }
+    for (i, cidr) in spec.forwarding.trusted_proxies.iter().enumerate() {
+        if let Err(why) = crate::schema::parse_ip_net(cidr) {
+            p.add(format!("spec.forwarding.trustedProxies[{i}]"), why);
+        }
+    }
     for (field, value) in [
         ("connect", spec.timeouts.connect),
         ("firstByte", spec.timeouts.first_byte),

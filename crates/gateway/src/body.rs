@@ -1,5 +1,6 @@
-//! Request bodies as the pipeline receives them, and response bodies: a
-//! gateway-made body, or a replica's body streamed through frame by frame.
+//! Response bodies: a gateway-made body, or a replica's body streamed
+//! through frame by frame. (Request bodies are read whole before routing:
+//! [`crate::request_body`].)
 //!
 //! A proxied body owns the request's [`Lease`] on its replica and its [`Record`], so
 //! the replica's load is released and the request is recorded exactly once,
@@ -13,25 +14,14 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::admit::Lease;
-use crate::error::ApiError;
-use crate::fields::Fields;
 use crate::record::Record;
 use crate::upstream::connections;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A request's body: read by the HTTP/1.1 server before the request is
-/// handled (or refused by it: too large, or its framing malformed), or
-/// still arriving on an HTTP/2 stream.
-pub enum RequestBody {
-    Read(Result<Bytes, ApiError>),
-    Streaming(hyper::body::Incoming),
-}
 
 pub fn full(bytes: Bytes) -> ResponseBody {
     ResponseBody::Full(Some(bytes))
@@ -46,34 +36,17 @@ pub enum ResponseBody {
     Proxied(Box<ProxiedBody>),
 }
 
-impl ResponseBody {
-    /// The replica's headers that go on to the client with this body: its
-    /// end-to-end ones, but any of the gateway's own response headers
-    /// (`own`) replace.
-    pub fn forwarded_headers<'a>(
-        &'a self,
-        own: &'a HeaderMap,
-    ) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + 'a {
-        let replica = match self {
-            ResponseBody::Proxied(body) => Some(&body.replica_headers),
-            ResponseBody::Full(_) => None,
-        };
-        replica
-            .into_iter()
-            .flat_map(Fields::end_to_end)
-            .filter(|(name, _)| {
-                !own.keys()
-                    .any(|k| k.as_str().as_bytes().eq_ignore_ascii_case(name))
-            })
-    }
-}
-
 pub struct ProxiedBody {
     inner: connections::Body,
-    /// The head's fields, kept as they arrived: the server writes those
-    /// that go on (see [`ResponseBody::forwarded_headers`]) without a map
-    /// built in between.
-    replica_headers: Fields,
+    /// A frame read before the response was passed on (the first of a
+    /// non-streaming answer, to know it arrives at all).
+    first: Option<Frame<Bytes>>,
+    /// The replica answers with server-sent events: a failure midway ends
+    /// the stream with an error event the client can read, rather than a
+    /// cut connection.
+    sse: bool,
+    /// The error event has been sent; the body ends.
+    ended: bool,
     idle_timeout: Duration,
     /// Fires `idle_timeout` after the last frame. Armed the first time the
     /// body has to wait, which a response that arrives whole never does,
@@ -89,14 +62,17 @@ pub struct ProxiedBody {
 impl ProxiedBody {
     pub fn new(
         inner: connections::Body,
-        replica_headers: Fields,
+        first: Option<Frame<Bytes>>,
+        sse: bool,
         load: Lease,
         record: Record,
         idle_timeout: Duration,
     ) -> Self {
         Self {
             inner,
-            replica_headers,
+            first,
+            sse,
+            ended: false,
             idle_timeout,
             idle: None,
             last_frame: Instant::now(),
@@ -127,7 +103,7 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Proxied(p) => p.inner.is_end_stream(),
+            ResponseBody::Proxied(p) => p.ended || (p.first.is_none() && p.inner.is_end_stream()),
         }
     }
 
@@ -135,14 +111,34 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
-            ResponseBody::Proxied(p) => p.inner.size_hint(),
+            // An SSE body may end with an error event of its own.
+            ResponseBody::Proxied(p) if p.sse => SizeHint::default(),
+            ResponseBody::Proxied(p) => {
+                let first = p
+                    .first
+                    .as_ref()
+                    .and_then(Frame::data_ref)
+                    .map_or(0, |d| d.len() as u64);
+                let inner = p.inner.size_hint();
+                match inner.exact() {
+                    Some(n) => SizeHint::with_exact(n + first),
+                    None => SizeHint::default(),
+                }
+            }
         }
     }
 }
 
 impl ProxiedBody {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let polled = match self.first.take() {
+            Some(frame) => Poll::Ready(Some(Ok(frame))),
+            None => Pin::new(&mut self.inner).poll_frame(cx),
+        };
+        match polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     // For a stream, its first token: the request has left
@@ -151,16 +147,13 @@ impl ProxiedBody {
                     self.record.on_data(data);
                 }
                 // A body of known length is not polled past its last byte.
-                if self.inner.is_end_stream() {
+                if self.first.is_none() && self.inner.is_end_stream() {
                     self.record.on_end();
                 }
                 self.last_frame = Instant::now();
                 Poll::Ready(Some(Ok(frame)))
             }
-            Poll::Ready(Some(Err(e))) => {
-                self.record.on_error(&e.to_string());
-                Poll::Ready(Some(Err(e)))
-            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(self.failed(e)),
             Poll::Ready(None) => {
                 self.record.on_end();
                 Poll::Ready(None)
@@ -175,10 +168,34 @@ impl ProxiedBody {
                     idle.as_mut().reset(deadline);
                     continue;
                 }
-                let err = IdleTimeout(self.idle_timeout);
-                self.record.on_error(&err.to_string());
-                return Poll::Ready(Some(Err(err.into())));
+                return Poll::Ready(self.failed(IdleTimeout(self.idle_timeout).into()));
             },
         }
     }
+
+    /// The replica's body failed midway. Too late for another status: a
+    /// stream of events ends with an error event, anything else is cut
+    /// short, which the client sees as an incomplete response.
+    fn failed(&mut self, e: BoxError) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.record.on_error(&e.to_string());
+        if !self.sse {
+            return Some(Err(e));
+        }
+        self.ended = true;
+        self.record.on_end();
+        Some(Ok(Frame::data(sse_error_event(&e.to_string()))))
+    }
+}
+
+/// An OpenAI-shaped error as a server-sent event, the way OpenAI-compatible
+/// servers report a failure inside a stream (the SDKs raise it).
+fn sse_error_event(detail: &str) -> Bytes {
+    let error = serde_json::json!({"error": {
+        "message": format!("The replica failed while streaming: {detail}"),
+        "type": "upstream_error",
+        "param": null,
+        "code": "upstream_failed",
+    }});
+    // A leading blank line ends any event the replica left half-sent.
+    Bytes::from(format!("\n\ndata: {error}\n\n"))
 }

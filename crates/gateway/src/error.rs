@@ -76,7 +76,7 @@ impl ApiError {
         }
     }
 
-    /// The request is not valid HTTP/1.1; the connection closes after.
+    /// The request is not valid HTTP as the gateway accepts it.
     pub fn malformed(what: impl std::fmt::Display) -> Self {
         Self {
             code: Some("malformed_request"),
@@ -84,13 +84,24 @@ impl ApiError {
         }
     }
 
-    pub fn head_too_large(limit: usize) -> Self {
+    pub fn target_too_long(limit: usize) -> Self {
         Self {
-            code: Some("headers_too_large"),
+            code: Some("target_too_long"),
             ..Self::new(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                StatusCode::URI_TOO_LONG,
                 "invalid_request_error",
-                format!("The request line and headers are larger than {limit} bytes."),
+                format!("The request target is longer than {limit} bytes."),
+            )
+        }
+    }
+
+    /// A path the gateway will not resolve: dot segments, encoded
+    /// characters, backslashes.
+    pub fn invalid_path() -> Self {
+        Self {
+            code: Some("invalid_path"),
+            ..Self::invalid_request(
+                "The path must be plain: no dot segments, %-encoded characters or backslashes.",
             )
         }
     }
@@ -109,14 +120,27 @@ impl ApiError {
         }
     }
 
-    /// A transfer coding other than chunked (RFC 9112 §6.1).
-    pub fn unsupported_transfer_coding() -> Self {
+    /// The gateway holds as many request bodies in memory as it may.
+    pub fn body_budget_exhausted(retry_after: Duration) -> Self {
         Self {
-            code: Some("unsupported_transfer_coding"),
+            code: Some("overloaded"),
+            retry_after: Some(retry_after),
             ..Self::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "invalid_request_error",
-                "Only the chunked transfer coding is supported.",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                "The gateway is holding as many request bodies as it may; retry shortly.",
+            )
+        }
+    }
+
+    /// A bug: a stage panicked. The panic hook has logged it.
+    pub fn internal() -> Self {
+        Self {
+            code: Some("internal_error"),
+            ..Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "The gateway failed to handle the request.",
             )
         }
     }

@@ -6,13 +6,16 @@ mod admin;
 mod admit;
 pub mod body;
 mod drain;
+mod edge;
 pub mod error;
-mod fields;
-mod framing;
+#[doc(hidden)]
+pub mod fuzzing;
+mod headers;
 pub mod pipeline;
 mod pool;
 mod record;
 mod request;
+mod request_body;
 mod routes;
 mod server;
 mod simulated;
@@ -57,6 +60,35 @@ pub struct Gateway {
     _fleets: Vec<simulated::Fleet>,
 }
 
+/// The gateway's own gauges on `/metrics`: what a soak test watches for
+/// leaks.
+fn watch_server(state: &Arc<State>, slots: &server::ConnectionSlots, workers: &Arc<Workers>) {
+    let (slots, workers) = (slots.clone(), Arc::clone(workers));
+    let weak = Arc::downgrade(state);
+    let main = tokio::runtime::Handle::current();
+    state.metrics.read_server_gauges(move || {
+        let tasks = workers.alive_tasks() + main.metrics().num_alive_tasks();
+        let buffered = weak.upgrade().map_or(0, |s| s.body_budget.held());
+        vec![
+            (
+                "infergate_client_connections",
+                "Client connections open on the public listeners",
+                slots.open() as i64,
+            ),
+            (
+                "infergate_runtime_alive_tasks",
+                "Tasks alive on the gateway's runtimes (connections, streams, scrapers, timers)",
+                tasks as i64,
+            ),
+            (
+                "infergate_buffered_body_bytes",
+                "Request body bytes held in memory (limits.maxBufferedBodyBytes bounds them)",
+                buffered as i64,
+            ),
+        ]
+    });
+}
+
 impl Gateway {
     /// Start every listener and every pool's scrapers. The config must
     /// already be validated.
@@ -93,7 +125,12 @@ impl Gateway {
         let drain = Arc::new(Drain::new());
         let mut listeners = Vec::new();
         let mut accept_loops = Vec::new();
-        let slots = server::ConnectionSlots::new(spec.limits.max_connections());
+        let slots = server::ConnectionSlots::new(
+            spec.limits.max_connections(),
+            spec.limits.max_connections_per_client,
+        );
+        watch_server(&state, &slots, &workers);
+        let timeouts = server::Timeouts::new(spec.limits.header_timeout());
         for l in &spec.listeners {
             let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
@@ -104,7 +141,7 @@ impl Gateway {
                 handler,
                 stop_rx.clone(),
                 Arc::clone(&drain),
-                spec.limits.max_body_bytes(),
+                timeouts,
                 slots.clone(),
             ));
             tracing::info!(listener = %l.name, %addr, "listening");
@@ -121,8 +158,8 @@ impl Gateway {
                     handler,
                     stop_rx.clone(),
                     Arc::clone(&drain),
-                    spec.limits.max_body_bytes(),
-                    server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS),
+                    timeouts,
+                    server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS, None),
                 ));
                 tracing::info!(%addr, "admin listening");
                 Some(addr)

@@ -2,8 +2,10 @@
 //! stages in order; any stage may answer the client directly with an
 //! OpenAI-shaped error.
 //!
-//! 1. accept — listeners and HTTP (server/), which reads the body within
-//!    its size limit
+//! 1. accept — listeners and HTTP (server/, hyper), the edge checks
+//!    (edge.rs: target length, `Host`, plain paths, which paths are
+//!    forwarded), and the body, read whole within its own limit and the
+//!    gateway's budget of buffered bytes (request_body.rs)
 //! 2. authenticate — API key / JWT → tenant (not yet: every caller is anonymous)
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
 //! 4. route — model name → pool (+ adapter)
@@ -13,30 +15,33 @@
 //! 7. pick — the endpoint picker over the pool's current snapshot, run by
 //!    admission for requests that go straight through and for waiters
 //! 8. forward — proxy to the replica over the worker's own pooled
-//!    connections (upstream/connections.rs), retrying other replicas only
-//!    before any response byte; stream the answer back
+//!    connections (upstream/connections.rs), retrying another replica only
+//!    when none of the request was sent (the replica may be generating
+//!    it otherwise); hold a non-streaming answer's head until its body
+//!    starts, so a replica failing first gets a 502, and stream the answer
+//!    back
 //! 9. record — metrics, access log and load release, when the response
 //!    body ends (record.rs); each stage above runs in its own span
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::admit::{DropReason, OwnedPick, Ticket};
-use crate::body::{self, ProxiedBody, RequestBody, ResponseBody};
+use crate::body::{self, ProxiedBody, ResponseBody};
 use crate::error::ApiError;
-use crate::fields::Fields;
 use crate::pool::PoolRuntime;
 use crate::record::Record;
 use crate::request::InferenceRequest;
 use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
-use crate::upstream::{self, REQUEST_ID};
+use crate::upstream::{self, Forwarded, REQUEST_ID};
+use crate::{edge, headers, request_body};
 
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
@@ -54,42 +59,51 @@ const SCORES_HEADER_LIMIT: usize = 8;
 pub async fn handle(state: Arc<State>, worker: WorkerId, req: Request) -> Response<ResponseBody> {
     let start = Instant::now();
     let request_id = request_id(&req.headers);
-    let mut response = match (&req.method, req.path()) {
+    let mut response = match edge::check(&req) {
+        Err(e) => e.into_response(),
+        Ok(()) => route(state, worker, req, start, &request_id).await,
+    };
+    response.headers_mut().insert(REQUEST_ID, request_id);
+    response
+}
+
+/// Which handler answers: the gateway's own endpoints, or the pipeline
+/// for a forwarded path.
+async fn route(
+    state: Arc<State>,
+    worker: WorkerId,
+    req: Request,
+    start: Instant,
+    request_id: &HeaderValue,
+) -> Response<ResponseBody> {
+    match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => readiness(&state),
         (&Method::GET, "/v1/models") => json(state.routes.models_json()),
         (_, "/healthz" | "/readyz" | "/v1/models") => {
             ApiError::method_not_allowed(&req.method, req.path()).into_response()
         }
-        (&Method::POST, path) if path.starts_with("/v1/") => {
-            let span = telemetry::request_span(&req.method, path, &request_id);
+        (&Method::POST, path) if state.forwarded_paths.forwards(path) => {
+            let span = telemetry::request_span(&req.method, path, request_id);
             // Before the span is first entered: it may join the caller's trace.
-            let (trace, traceparent) = trace_context::upstream(&req.headers, &span);
+            let sampling = state.trace_sampling(req.peer.ip());
+            let (trace, traceparent) = trace_context::upstream(&req.headers, &span, sampling);
             let mut record = Record::new(request_id.clone(), start, span.clone());
             record.trace_id = Some(trace.trace_id);
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
-            Box::pin(infer(
-                &state,
-                worker,
-                req,
-                record,
-                &request_id,
-                &traceparent,
-            ))
-            .instrument(span)
-            .await
+            Box::pin(infer(&state, worker, req, record, request_id, &traceparent))
+                .instrument(span)
+                .await
         }
-        (_, path) if path.starts_with("/v1/") => {
+        (_, path) if state.forwarded_paths.forwards(path) => {
             let mut r = ApiError::method_not_allowed(&req.method, path).into_response();
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
             r
         }
         (_, path) => ApiError::not_found(path).into_response(),
-    };
-    response.headers_mut().insert(REQUEST_ID, request_id);
-    response
+    }
 }
 
 /// Stages 2–9 for one inference request.
@@ -109,14 +123,18 @@ async fn infer(
         uri,
         headers,
         body,
+        peer,
         ..
     } = req;
 
-    // 1. accept: the body, within the size limit.
-    let body = match read_body(body, &headers, state.limits.max_body_bytes()).await {
-        Ok(body) => body,
+    // 1. accept: the body, within its limit and the gateway's budget; its
+    // share of the budget is held until the request is done with it.
+    let limit = state.limits.max_body_bytes();
+    let (body, _held) = match request_body::read(body, &headers, limit, &state.body_budget).await {
+        Ok(read) => read,
         Err(e) => return refuse(record, e),
     };
+    let forwarded = Forwarded::new(&headers, peer, "http", &state.trusted_proxies);
 
     // 2. authenticate: no authentication configured.
 
@@ -213,44 +231,88 @@ async fn infer(
             body: &body,
             request_id,
             traceparent,
+            forwarded: &forwarded,
         };
-        let sent = tokio::time::timeout(
-            state.timeouts.first_byte(),
+        let deadline = Instant::now() + state.timeouts.first_byte();
+        let sent = tokio::time::timeout_at(
+            deadline,
             pool.connections(worker).send(&endpoint.addr, &outgoing),
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
         match sent {
-            Ok(Ok(answer)) => {
+            Ok(Ok(mut answer)) => {
+                // The replica has the request from here: whatever happens,
+                // it is not sent again.
+                if !headers::plain_transfer_coding(&answer.headers) {
+                    let coding = answer.headers.get(header::TRANSFER_ENCODING);
+                    let detail = format!(
+                        "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
+                    );
+                    return refuse(record, ApiError::upstream_failed(&pool.name, &detail));
+                }
                 record.on_response(answer.status, &answer.headers);
-                let mut own = http::HeaderMap::new();
+                let sse = headers::is_event_stream(&answer.headers);
+                // A non-streaming answer goes on once its body starts: a
+                // replica failing before that is the client's 502, not a
+                // 200 with a cut body. A stream's head goes at once.
+                let first = if sse {
+                    None
+                } else {
+                    match tokio::time::timeout_at(deadline, answer.body.frame()).await {
+                        Ok(Some(Ok(frame))) => Some(frame),
+                        Ok(None) => None,
+                        Ok(Some(Err(e))) => {
+                            let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
+                            return refuse(record, failed);
+                        }
+                        Err(_elapsed) => {
+                            return refuse(record, ApiError::upstream_timeout(&pool.name));
+                        }
+                    }
+                };
+                // The replica's end-to-end headers, then the gateway's.
+                let mut response_headers = HeaderMap::with_capacity(answer.headers.len() + 4);
+                for (name, value) in headers::end_to_end(&answer.headers) {
+                    response_headers.append(name.clone(), value.clone());
+                }
                 if state.debug.decision_headers {
                     let waited = record.queue_wait.unwrap_or_default();
-                    decision_headers(&mut own, pool, &endpoint.addr, decision, waited);
+                    decision_headers(
+                        &mut response_headers,
+                        pool,
+                        &endpoint.addr,
+                        decision,
+                        waited,
+                    );
                 }
-                // The replica's headers go on with its body: the server
-                // writes those that are end-to-end.
                 let body = ProxiedBody::new(
                     answer.body,
-                    answer.headers,
+                    first,
+                    sse,
                     admitted.lease,
                     record,
                     state.timeouts.idle(),
                 );
                 let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
                 *response.status_mut() = answer.status;
-                *response.headers_mut() = own;
+                *response.headers_mut() = response_headers;
                 return response;
             }
             // The replica may be generating: never send the work twice.
             Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
+            Ok(Err(e)) if e.was_sent() => {
+                let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
+                return refuse(record, failed);
+            }
             Ok(Err(e)) => {
-                // Nothing reached the client yet, so another replica may try.
-                // Replacing `admitted` below releases this replica's load.
+                // None of the request reached the replica, so another may
+                // try. Replacing `admitted` below releases this replica's
+                // load.
                 if e.is_connect() {
                     endpoint.set_reachable(false);
                 }
-                tracing::debug!(pool = %pool.name, endpoint = %endpoint.addr, error = %e, "replica failed before answering");
+                tracing::debug!(pool = %pool.name, endpoint = %endpoint.addr, error = %e, "request not sent to the replica");
                 tried.push(endpoint.index);
                 if tried.len() > pool.spec.retry.max_retries() as usize {
                     return refuse(
@@ -288,27 +350,6 @@ fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
     error.into_response()
 }
 
-/// The whole request body: read by the HTTP/1.1 server already, or from
-/// an HTTP/2 stream here, within the same limit.
-async fn read_body(body: RequestBody, headers: &Fields, limit: u64) -> Result<Bytes, ApiError> {
-    let body = match body {
-        RequestBody::Read(read) => return read,
-        RequestBody::Streaming(incoming) => incoming,
-    };
-    if matches!(headers.declared_length(), Ok(Some(len)) if len > limit) {
-        return Err(ApiError::body_too_large(limit));
-    }
-    match Limited::new(body, limit as usize).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::body_too_large(limit))
-        }
-        Err(e) => Err(ApiError::invalid_request(format!(
-            "Could not read the request body: {e}"
-        ))),
-    }
-}
-
 fn decision_headers(
     headers: &mut http::HeaderMap,
     pool: &PoolRuntime,
@@ -338,11 +379,11 @@ fn decision_headers(
 }
 
 /// The client's request id, or a new one.
-fn request_id(headers: &Fields) -> HeaderValue {
+fn request_id(headers: &HeaderMap) -> HeaderValue {
     headers
-        .get_shared(REQUEST_ID.as_str())
+        .get(REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 128)
-        .and_then(|v| HeaderValue::from_maybe_shared(v).ok())
+        .cloned()
         .unwrap_or_else(|| {
             let mut id = [0; 32];
             trace_context::lower_hex(rand::random(), &mut id);

@@ -18,7 +18,6 @@ use picker::TopScores;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
-use crate::fields::Fields;
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
@@ -114,12 +113,10 @@ impl Record {
     }
 
     /// A replica's response head arrived and is passed on.
-    pub fn on_response(&mut self, status: StatusCode, headers: &Fields) {
+    pub fn on_response(&mut self, status: StatusCode, headers: &http::HeaderMap) {
         self.status = status.as_u16();
         if status.is_success() {
-            let sse = headers
-                .get("content-type")
-                .is_some_and(|v| v.starts_with(b"text/event-stream"));
+            let sse = crate::headers::is_event_stream(headers);
             self.meter = Some(ResponseMeter::new(sse));
         }
     }

@@ -187,7 +187,7 @@ async fn forwards_body_byte_for_byte_with_request_id() {
     // Odd spacing, key order, unicode escapes and extra fields must survive.
     let body = "{ \"z\":1,\"model\" :\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"caf\\u00e9 \u{1F600}\"}],\"extra\":{\"a\":[1,2.50]}}  \n";
     let resp = client()
-        .post(format!("http://{}/v1/custom/endpoint?x=1", gw.addr()))
+        .post(format!("http://{}/v1/completions?x=1", gw.addr()))
         .header("x-request-id", "req-123")
         .header("authorization", "Bearer secret")
         .body(body)
@@ -198,7 +198,7 @@ async fn forwards_body_byte_for_byte_with_request_id() {
     assert_eq!(resp.headers()["x-request-id"], "req-123");
     let got = &a.received()[0];
     assert_eq!(got.body, body.as_bytes());
-    assert_eq!(got.path, "/v1/custom/endpoint");
+    assert_eq!(got.path, "/v1/completions");
     assert_eq!(got.headers["x-request-id"], "req-123");
     assert_eq!(got.headers["authorization"], "Bearer secret");
 
@@ -543,9 +543,8 @@ async fn a_stream_to_an_http_1_0_client_ends_with_the_connection() {
         .expect("the gateway closes the connection at the stream's end")
         .unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    assert!(head.starts_with("HTTP/1.0 200 "), "{head}");
     assert!(!head.contains("transfer-encoding"), "{head}");
-    assert!(head.contains("connection: close"), "{head}");
     assert_eq!(body, "data: 1\n\ndata: [DONE]\n\n");
 }
 
@@ -592,11 +591,19 @@ async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
     let mut body = request.await.unwrap().bytes_stream();
     assert_eq!(body.next().await.unwrap().unwrap(), "data: 1\n\n");
     // The replica keeps the stream open but sends nothing more: the client
-    // sees the stream end in an error instead of hanging forever.
+    // sees the stream end with an error event instead of hanging forever.
     let end = tokio::time::timeout(Duration::from_secs(10), body.next())
         .await
-        .expect("the quiet stream was not cut");
-    assert!(matches!(end, Some(Err(_))), "{end:?}");
+        .expect("the quiet stream was not cut")
+        .unwrap()
+        .unwrap();
+    let event = std::str::from_utf8(&end).unwrap().trim();
+    let error: serde_json::Value =
+        serde_json::from_str(event.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(error["error"]["code"], "upstream_failed");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("sent nothing for 300ms"), "{message}");
+    assert!(body.next().await.is_none(), "the stream ends after the error event");
     drop(events);
 }
 
@@ -722,7 +729,7 @@ async fn garbage_replica() -> String {
 }
 
 #[tokio::test]
-async fn a_replica_answering_garbage_is_a_502_or_a_retry_elsewhere() {
+async fn a_replica_answering_garbage_is_a_502_and_not_sent_elsewhere() {
     let garbage = garbage_replica().await;
     let good = FakeReplica::start("good", Behaviour::Echo).await;
     let only_garbage = format!(
@@ -739,12 +746,18 @@ async fn a_replica_answering_garbage_is_a_502_or_a_retry_elsewhere() {
     assert_eq!(status, 502);
     assert_eq!(body["error"]["code"], "upstream_error");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("invalid response"), "{message}");
-    // Nothing reached the client before the replica failed, so another
-    // replica answers instead.
+    assert!(message.contains("failed before answering"), "{message}");
+    // The garbage replica had the request, and may be generating it: it
+    // is not sent to another replica too.
+    let mut ok = 0;
     for _ in 0..4 {
-        assert_eq!(chat(&gw, "m").await.status(), 200);
+        match chat(&gw, "m").await.status().as_u16() {
+            200 => ok += 1,
+            status => assert_eq!(status, 502),
+        }
     }
+    assert_eq!(ok, 2, "round-robin: every other request meets the garbage");
+    assert_eq!(good.count(), ok);
 }
 
 #[tokio::test]

@@ -154,6 +154,7 @@ async fn serve(
     }
     let config = config::validated(config)?;
     let telemetry = init_logging(log_format, &config.spec.telemetry)?;
+    gateway::telemetry::panics::install_hook();
     check_descriptor_limit(&config);
     let gateway = gateway::Gateway::start(&config).await?;
     if demo {

@@ -24,7 +24,6 @@ use tokio::sync::{Notify, oneshot};
 
 use self::queue::Queue;
 use crate::error::ApiError;
-use crate::fields::Fields;
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
 pub const FAIRNESS_HEADER: &str = "x-infergate-fairness-id";
@@ -80,14 +79,14 @@ impl Ticket {
     /// The band comes from the model's objective; the header may lower it,
     /// and raise it only when the config allows.
     pub fn from_request(
-        headers: &Fields,
+        headers: &http::HeaderMap,
         model: &str,
         objectives: &BTreeMap<String, Priority>,
         flow_control: &config::FlowControl,
         bytes: u64,
     ) -> Result<Self, ApiError> {
         let configured = objectives.get(model).copied().unwrap_or_default();
-        let band = match headers.get(PRIORITY_HEADER) {
+        let band = match headers.get(PRIORITY_HEADER).map(|v| v.as_bytes()) {
             None => configured,
             Some(v) => {
                 let asked = std::str::from_utf8(v)
@@ -105,7 +104,7 @@ impl Ticket {
                 }
             }
         };
-        let key = match headers.get(FAIRNESS_HEADER) {
+        let key = match headers.get(FAIRNESS_HEADER).map(|v| v.as_bytes()) {
             Some(b) => Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)])),
             // Most requests carry no key: they share one, without an
             // allocation each.

@@ -1,6 +1,6 @@
-//! Listeners: accept connections, serve HTTP/1.1 ([`http1`], our own) and
-//! HTTP/2 with prior knowledge ([`http2`], hyper's) on them, and drain them
-//! on shutdown.
+//! Listeners: accept connections, hand each to a worker, which serves it
+//! with hyper ([`connection`]: HTTP/1.1 and h2c, with the timeouts hyper
+//! leaves to its user), and drain them on shutdown.
 //!
 //! Connections are served by [`Workers`]: one single-threaded runtime per
 //! core, each serving its connections from start to end, with its own
@@ -8,47 +8,40 @@
 //! then stay on one thread: no work stealing, no wake-ups across threads,
 //! which at low load cost more than the proxying itself.
 
-mod http1;
-mod http2;
+mod connection;
+mod streams;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::{Method, Response, Uri, Version};
+use http::{HeaderMap, Method, Response, Uri, Version};
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 
-use crate::body::{RequestBody, ResponseBody};
+use crate::body::ResponseBody;
 use crate::drain::Drain;
-use crate::fields::Fields;
 
-/// A kept-alive connection with no request under way for this long is
-/// closed, so that connections clients abandoned do not pile up (nginx's
-/// default; clients' pools expire theirs sooner, httpx's after 5 s). An
-/// HTTP/1.1 connection may take up to twice as long (see
-/// [`http1::Connection`]).
-const IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(75);
-
-/// A client that takes none of a response for this long is taken to be
-/// gone (nginx's `send_timeout`): an HTTP/1.1 connection is closed, an h2c
-/// stream loses its response body. A client that stops reading would
-/// otherwise hold its replica's request for ever.
-const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+pub use connection::{HEAD_LIMIT, Timeouts};
 
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.
 pub type WorkerId = usize;
 
-/// A request as either server hands it to its handler.
+/// A request as the server hands it to its handler: its body still
+/// arriving.
 pub struct Request {
     pub method: Method,
     pub uri: Uri,
     pub version: Version,
-    pub headers: Fields,
-    pub body: RequestBody,
+    pub headers: HeaderMap,
+    pub body: hyper::body::Incoming,
+    /// The client's address, as the socket has it.
+    pub peer: SocketAddr,
 }
 
 impl Request {
@@ -110,6 +103,14 @@ impl Workers {
         self.handles.len()
     }
 
+    /// Tasks alive on the workers' runtimes.
+    pub fn alive_tasks(&self) -> usize {
+        self.handles
+            .iter()
+            .map(|h| h.metrics().num_alive_tasks())
+            .sum()
+    }
+
     /// Workers take new connections in turn, which balances connections
     /// exactly (a hash over `SO_REUSEPORT` listeners would not).
     fn next(&self) -> (WorkerId, &Handle) {
@@ -138,15 +139,15 @@ const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// Serve `handler` on `listener` until `stop` turns true, then stop
 /// accepting; open connections finish through `drain`. Accepting
 /// runs on the caller's runtime; each connection is handed to a worker.
-/// Request bodies over `max_body` bytes are refused. A connection holds
-/// one of `slots` while it is open; with none free, accepting waits.
+/// A connection holds one of `slots` while it is open; with none free,
+/// accepting waits.
 pub fn serve<H, F>(
     listener: TcpListener,
     workers: Arc<Workers>,
     handler: H,
     mut stop: watch::Receiver<bool>,
     drain: Arc<Drain>,
-    max_body: u64,
+    timeouts: Timeouts,
     slots: ConnectionSlots,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -190,6 +191,11 @@ where
                     }
                 }
             };
+            let Some(slot) = slots.for_client(slot, peer.ip()) else {
+                // Closing at once: the client learns without a slot spent.
+                tracing::debug!(%peer, "per-client connection limit reached; closing");
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let (worker, runtime) = workers.next();
             let stream = match stream.into_std().and_then(|s| register(runtime, s)) {
@@ -205,15 +211,7 @@ where
             let handler = handler.clone();
             runtime.spawn(async move {
                 let _slot = slot;
-                let mut conn = http1::Connection::new(stream);
-                match conn.starts_with_http2(&watch).await {
-                    None => {}
-                    Some(false) => conn.serve(handler, worker, max_body, watch).await,
-                    Some(true) => {
-                        let (io, read) = conn.into_parts();
-                        http2::serve(io, read, handler, worker, watch, peer).await;
-                    }
-                }
+                connection::serve(stream, peer, handler, worker, watch, timeouts).await;
             });
         }
     })
@@ -233,19 +231,77 @@ fn is_connection_error(e: &std::io::Error) -> bool {
 }
 
 /// Room for this many client connections open at once, shared by the
-/// listeners given it.
+/// listeners given it, and optionally for this many from one address.
 #[derive(Clone)]
 pub struct ConnectionSlots {
     semaphore: Arc<Semaphore>,
     limit: u32,
+    per_client: Option<Arc<PerClient>>,
+}
+
+struct PerClient {
+    limit: u32,
+    open: Mutex<HashMap<IpAddr, u32>>,
+}
+
+/// A connection's place: its slot, and its count against its address.
+pub struct Slot {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    client: Option<(Arc<PerClient>, IpAddr)>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some((per_client, ip)) = &self.client {
+            let mut open = per_client.open.lock();
+            if let Some(n) = open.get_mut(ip) {
+                *n -= 1;
+                if *n == 0 {
+                    open.remove(ip);
+                }
+            }
+        }
+    }
 }
 
 impl ConnectionSlots {
-    pub fn new(limit: u32) -> Self {
+    pub fn new(limit: u32, per_client: Option<u32>) -> Self {
         Self {
             semaphore: Arc::new(Semaphore::new(limit as usize)),
             limit,
+            per_client: per_client.map(|limit| {
+                Arc::new(PerClient {
+                    limit,
+                    open: Mutex::new(HashMap::new()),
+                })
+            }),
         }
+    }
+
+    /// Client connections open now.
+    pub fn open(&self) -> usize {
+        self.limit as usize - self.semaphore.available_permits()
+    }
+
+    /// `slot` for a connection from `ip`, unless that address has its
+    /// limit of connections open.
+    fn for_client(&self, slot: tokio::sync::OwnedSemaphorePermit, ip: IpAddr) -> Option<Slot> {
+        let client = match &self.per_client {
+            None => None,
+            Some(per_client) => {
+                let mut open = per_client.open.lock();
+                let n = open.entry(ip).or_insert(0);
+                if *n >= per_client.limit {
+                    return None;
+                }
+                *n += 1;
+                Some((Arc::clone(per_client), ip))
+            }
+        };
+        Some(Slot {
+            _slot: slot,
+            client,
+        })
     }
 }
 

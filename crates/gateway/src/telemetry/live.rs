@@ -179,6 +179,36 @@ fn pool_labels(p: &PoolRow) -> Vec<(&'static str, String)> {
     vec![("pool", p.pool.to_string())]
 }
 
+/// One gauge of the gateway itself: name, help, value.
+pub type ServerGauge = (&'static str, &'static str, i64);
+
+/// Gauges of the gateway as a server (open connections, live tasks,
+/// buffered request bytes), read from their sources when scraped. The
+/// sources exist only once the gateway runs, so they are set then.
+#[derive(Default)]
+pub(super) struct ServerGauges {
+    pub read: Arc<std::sync::OnceLock<Box<dyn Fn() -> Vec<ServerGauge> + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for ServerGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerGauges")
+    }
+}
+
+impl Collector for ServerGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let Some(read) = self.read.get() else {
+            return Ok(());
+        };
+        for (name, help, value) in read() {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        Ok(())
+    }
+}
+
 impl Collector for LiveGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let (rows, pools) = read(&self.pools.read());

@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::live::{LiveGauges, LivePool};
+use super::live::{LiveGauges, LivePool, ServerGauge, ServerGauges};
 use crate::admit::Admission;
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
@@ -210,6 +210,7 @@ pub struct Metrics {
     registry: Registry,
     families: Families,
     live: Arc<RwLock<Vec<LivePool>>>,
+    server: Arc<OnceLock<Box<dyn Fn() -> Vec<ServerGauge> + Send + Sync>>>,
     /// Series for requests whose model no pool serves; made on first use so
     /// a gateway that never sees one exports no empty series for it.
     unrouted: OnceLock<Arc<RouteMetrics>>,
@@ -227,10 +228,14 @@ impl Metrics {
         let families = Families::register(&mut registry);
         let live = Arc::new(RwLock::new(Vec::new()));
         registry.register_collector(Box::new(LiveGauges::new(Arc::clone(&live))));
+        let server = ServerGauges::default();
+        let server_gauges = Arc::clone(&server.read);
+        registry.register_collector(Box::new(server));
         Self {
             registry,
             families,
             live,
+            server: server_gauges,
             unrouted: OnceLock::new(),
         }
     }
@@ -323,6 +328,12 @@ impl Metrics {
                 detached,
             ))
         }))
+    }
+
+    /// Where the gateway's own gauges are read from, once it runs; later
+    /// calls are ignored.
+    pub fn read_server_gauges(&self, read: impl Fn() -> Vec<ServerGauge> + Send + Sync + 'static) {
+        let _ = self.server.set(Box::new(read));
     }
 
     /// The OpenMetrics text exposition of everything, `# EOF` included.

@@ -6,6 +6,7 @@
 //! - [`response`]: TTFT, inter-token times and `usage` from a response
 //!   body as it streams through.
 //! - [`trace_context`]: the `traceparent` sent upstream.
+//! - [`panics`]: the panic hook, which logs without flooding.
 //! - [`logging`]: the subscriber (logs, access log, span export), set up
 //!   once by the binary; [`log_writer`] writes the lines out in batches,
 //!   [`otlp`] is the span exporter.
@@ -18,6 +19,7 @@ mod log_writer;
 pub mod logging;
 pub mod metrics;
 mod otlp;
+pub mod panics;
 pub mod response;
 #[cfg(test)]
 mod test_writer;

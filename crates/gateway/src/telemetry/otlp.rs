@@ -34,8 +34,10 @@ pub fn tracer(otlp: &config::Otlp) -> anyhow::Result<(Tracer, SdkTracerProvider)
         .build()?;
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        // A caller's sampling decision (its traceparent flags) wins; the
-        // ratio applies to traces that start here.
+        // A caller's sampling decision (its traceparent flags) wins, when
+        // `forwarding.clientSampling` lets the caller decide (the pipeline
+        // otherwise replaces the flag); the ratio applies to traces that
+        // start here.
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
             otlp.sample_ratio(),
         ))))
@@ -164,7 +166,7 @@ mod tests {
                 "/v1/chat/completions",
                 &http::HeaderValue::from_static("req-1"),
             );
-            let sent = trace_context::upstream(&crate::fields::Fields::from_map(&headers), &span);
+            let sent = trace_context::upstream(&headers, &span, None);
             span.in_scope(|| {});
             sent
         });

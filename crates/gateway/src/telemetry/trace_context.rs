@@ -12,8 +12,6 @@ use http::{HeaderName, HeaderValue};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::fields::Fields;
-
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// Version 00 of the header: `00-<trace id>-<parent id>-<flags>`.
@@ -34,6 +32,19 @@ impl TraceParent {
             trace_id: nonzero(rand::random()),
             parent_id: nonzero(rand::random()),
             flags: Self::SAMPLED,
+        }
+    }
+
+    /// This trace with its sampled flag set by `ratio` rather than by the
+    /// caller: the same decision for the same trace id, as the trace-id
+    /// ratio sampler makes it (the id's low 63 bits against the ratio).
+    pub fn sampled_by(self, ratio: f64) -> Self {
+        let low = (self.trace_id as u64) >> 1;
+        let bound = (ratio.clamp(0.0, 1.0) * (1u64 << 63) as f64) as u64;
+        let sampled = ratio >= 1.0 || low < bound;
+        Self {
+            flags: (self.flags & !Self::SAMPLED) | if sampled { Self::SAMPLED } else { 0 },
+            ..self
         }
     }
 
@@ -139,10 +150,25 @@ fn hex(digits: &[u8]) -> Option<u128> {
 /// With an OpenTelemetry layer installed, the span is parented to the
 /// caller's context and the replica gets the span's own id as its parent.
 /// Otherwise the caller's header is kept, or a new one generated.
-pub fn upstream(headers: &Fields, span: &tracing::Span) -> (TraceParent, HeaderValue) {
+///
+/// `sampling` is `None` when the caller may decide whether its trace is
+/// recorded; otherwise the caller's trace is joined but its sampled flag
+/// replaced by this ratio's decision for the trace id.
+pub fn upstream(
+    headers: &http::HeaderMap,
+    span: &tracing::Span,
+    sampling: Option<f64>,
+) -> (TraceParent, HeaderValue) {
     let incoming = headers
-        .get_shared(TRACEPARENT.as_str())
-        .and_then(|v| TraceParent::parse(&v).map(|tp| (tp, v)));
+        .get(TRACEPARENT)
+        .and_then(|v| TraceParent::parse(v.as_bytes()).map(|tp| (tp, v.clone())))
+        .map(|(tp, v)| match sampling {
+            None => (tp, v),
+            Some(ratio) => {
+                let tp = tp.sampled_by(ratio);
+                (tp, tp.to_header())
+            }
+        });
     if !span.is_disabled() {
         if let Some((tp, _)) = incoming {
             // Fails only when no OpenTelemetry layer is installed.
@@ -161,10 +187,7 @@ pub fn upstream(headers: &Fields, span: &tracing::Span) -> (TraceParent, HeaderV
     }
     match incoming {
         // Parsed, so a valid value.
-        Some((tp, value)) => (
-            tp,
-            HeaderValue::from_maybe_shared(value).unwrap_or_else(|_| tp.to_header()),
-        ),
+        Some((tp, value)) => (tp, value),
         None => {
             let tp = TraceParent::generate();
             (tp, tp.to_header())
@@ -233,12 +256,40 @@ mod tests {
 
     #[test]
     fn without_export_the_callers_header_is_kept_or_one_generated() {
-        let (generated, value) = upstream(&Fields::default(), &tracing::Span::none());
+        let none = http::HeaderMap::new();
+        let (generated, value) = upstream(&none, &tracing::Span::none(), None);
         assert_eq!(TraceParent::parse(value.as_bytes()), Some(generated));
 
-        let headers = Fields::from_pairs(&[("traceparent", EXAMPLE)]);
-        let (kept, value) = upstream(&headers, &tracing::Span::none());
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(EXAMPLE));
+        let (kept, value) = upstream(&headers, &tracing::Span::none(), None);
         assert_eq!(value, EXAMPLE);
         assert_eq!(kept.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+    }
+
+    #[test]
+    fn a_caller_not_trusted_to_sample_joins_the_trace_but_the_ratio_decides() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(EXAMPLE));
+        let (never, value) = upstream(&headers, &tracing::Span::none(), Some(0.0));
+        assert_eq!(never.trace_id, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert!(!never.sampled());
+        assert!(value.to_str().unwrap().ends_with("-00"), "{value:?}");
+        let (always, _) = upstream(&headers, &tracing::Span::none(), Some(1.0));
+        assert!(always.sampled());
+        // The same trace id gets the same decision from the same ratio.
+        let ids = (1..2_000u128).map(|i| i.wrapping_mul(0x9e3779b97f4a7c15_f39cc0605cedc835));
+        let sampled = ids
+            .map(|trace_id| {
+                TraceParent {
+                    trace_id,
+                    parent_id: 1,
+                    flags: 1,
+                }
+                .sampled_by(0.25)
+            })
+            .filter(|tp| tp.sampled())
+            .count();
+        assert!((350..650).contains(&sampled), "{sampled} of 2000 at 0.25");
     }
 }

@@ -1,4 +1,5 @@
-//! Connections from one worker to the replicas of one pool.
+//! Connections from one worker to the replicas of one pool, over hyper's
+//! client connections.
 //!
 //! Each worker thread has its own [`Connections`] per pool, and a connection
 //! is only ever used by the worker that opened it, by the requests that
@@ -7,14 +8,9 @@
 //! scheme-and-authority key, and spawns a task per request that waits for
 //! the connection to be ready again before handing it back. Here a request
 //! takes an idle connection, sends on it, and the response body hands the
-//! connection back when it has been read to its end — no task per request.
-//! HTTP/1.1 connections are the gateway's own ([`super::http1`]): the
-//! request's task writes the request and reads the response itself, so
-//! there is no task per connection either. The pool is behind a mutex only
-//! because the pipeline's futures must be `Send` (hyper's server
-//! connections run as spawned tasks); one thread uses it, so the lock is
-//! never contended: taking a connection and handing it back cost one
-//! uncontended lock each.
+//! connection back when it has been read to its end. The pool is behind a
+//! mutex only because the pipeline's futures must be `Send`; one thread
+//! uses it, so the lock is never contended.
 //!
 //! - **HTTP/1.1**: a connection carries one request at a time. Idle
 //!   connections are reused most recently used first, so under a light load
@@ -23,24 +19,23 @@
 //!   error) drops its connection instead of returning it: the replica sees
 //!   the connection close and stops generating.
 //! - **h2c**: requests to a replica share one connection, multiplexed;
-//!   nothing is checked out or returned. hyper runs it, as a task. Requests
-//!   that find no connection while one is being opened wait for that one
-//!   instead of each opening their own.
-//! - **Replica closed it**: a replica may close an idle connection at any
+//!   nothing is checked out or returned. Requests that find no connection
+//!   while one is being opened wait for that one instead of each opening
+//!   their own.
+//! - **Sent at most once**: a replica may close an idle connection at any
 //!   time (its keep-alive timeout). A closed connection is skipped when
-//!   taking one (an idle socket that turned readable has been closed); and
-//!   a request that fails on a reused connection before any response
-//!   byte — the close crossed the request on the wire — is sent
-//!   again once on a fresh connection, so a stale connection never costs
-//!   the client a failure. A fresh connection's failure goes back to the
-//!   caller, which may try another replica.
+//!   taking one, and a request that hyper hands back unsent (the
+//!   connection closed before any of it was written) goes again on a fresh
+//!   connection. A request some of which was written is never sent again,
+//!   here or by the caller: the replica may be generating it already
+//!   ([`Error::was_sent`]).
 //! - **Idle timeout**: a connection unused for that long is closed (an h2c
 //!   one is let go: it closes when its last stream ends) by one task per
 //!   worker and pool that sleeps until the oldest idle connection expires
 //!   and ends when none is left.
 //! - Sockets get `TCP_NODELAY` (without it small SSE events wait ~40 ms for
 //!   Nagle against delayed ACKs), TCP keep-alive probes, and the configured
-//!   connect timeout.
+//!   connect timeout. A response head over [`HEAD_LIMIT`] is an error.
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
@@ -54,18 +49,24 @@ use futures_util::future::{BoxFuture, Shared as SharedFuture};
 use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http2;
+use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::http1::{self, Connection, Decoder};
-use super::{Outgoing, Response};
+use super::{InvalidTarget, Outgoing, Response};
 use crate::body::BoxError;
-use crate::fields::Fields;
 
+type SendRequest1 = http1::SendRequest<Full<Bytes>>;
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
+type Outbound = http::Request<Full<Bytes>>;
+
+/// Largest response head accepted from a replica (status line and
+/// headers); the same bound as a client's request head.
+pub const HEAD_LIMIT: usize = crate::server::HEAD_LIMIT;
+/// Most header fields in a replica's response head.
+const MAX_HEADERS: usize = 100;
 
 /// An h2c connection being opened, awaited by every request that needs it.
 type Opening = SharedFuture<BoxFuture<'static, Result<SendRequest2, Arc<Error>>>>;
@@ -122,7 +123,7 @@ struct State {
 struct Replica {
     /// HTTP/1.1 connections waiting for a request, least recently used
     /// first.
-    idle: VecDeque<Idle<Connection>>,
+    idle: VecDeque<Idle<SendRequest1>>,
     /// h2c connections, each shared by any number of requests; the last is
     /// the one in use.
     shared: Vec<Idle<SendRequest2>>,
@@ -151,9 +152,14 @@ pub enum Error {
     #[error(transparent)]
     Opening(Arc<Error>),
     #[error(transparent)]
-    Http1(http1::Error),
-    #[error("{0}")]
-    Http2(#[source] hyper::Error),
+    InvalidTarget(InvalidTarget),
+    /// The connection failed before any of the request was written.
+    #[error("the connection to the replica closed before the request was sent: {0}")]
+    Unsent(hyper::Error),
+    /// The request (or some of it) reached the replica, and no response
+    /// came back.
+    #[error("the replica failed before answering: {0}")]
+    Sent(hyper::Error),
 }
 
 impl Error {
@@ -161,19 +167,15 @@ impl Error {
     pub fn is_connect(&self) -> bool {
         match self {
             Error::Opening(e) => e.is_connect(),
-            e => !matches!(e, Error::Http1(_) | Error::Http2(_)),
+            Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Handshake { .. } => true,
+            Error::InvalidTarget(_) | Error::Unsent(_) | Error::Sent(_) => false,
         }
     }
 
-    /// The replica closed the connection (or it was found closed) before
-    /// any response byte: the request may be sent again on a fresh
-    /// connection.
-    fn is_stale(&self) -> bool {
-        match self {
-            Error::Http1(e) => e.is_stale(),
-            Error::Http2(e) => is_stale_h2(e),
-            _ => false,
-        }
+    /// Whether any of the request may have reached the replica, which may
+    /// then be generating it: such a request is never sent again.
+    pub fn was_sent(&self) -> bool {
+        matches!(self, Error::Sent(_))
     }
 }
 
@@ -188,9 +190,14 @@ impl Connections {
     }
 
     /// Send `request` to the replica at `addr`, on an idle connection if
-    /// there is one. It is sent again, once, on a fresh connection if a
-    /// reused one turned out closed before answering.
+    /// there is one. A request that a reused connection hands back unsent
+    /// goes once more, on a fresh connection.
     pub async fn send(&self, addr: &str, request: &Outgoing<'_>) -> Result<Response, Error> {
+        let mut outbound = match self.shared.settings.protocol {
+            config::Protocol::Http1 => request.http1(addr),
+            config::Protocol::H2c => request.http2(addr),
+        }
+        .map_err(Error::InvalidTarget)?;
         let (replica, mut idle) = self.shared.take(addr);
         loop {
             let (conn, reused) = match idle.take() {
@@ -199,38 +206,53 @@ impl Connections {
                 // be part of every request's future.
                 None => (Box::pin(self.connect(addr, replica)).await?, false),
             };
-            match self.send_on(conn, addr, request, replica).await {
+            match self.send_on(conn, outbound, replica).await {
                 Ok(resp) => return Ok(resp),
                 // Once: `idle` is empty now, so the next try connects.
-                Err(e) if reused && e.is_stale() => {
+                Err((e, Some(unsent))) if reused => {
                     tracing::debug!(%addr, error = %e, "reused connection was closed; sending on a fresh one");
+                    outbound = unsent;
                 }
-                Err(e) => return Err(e),
+                Err((e, _)) => return Err(e),
             }
         }
     }
 
     /// The response, whose body hands an HTTP/1.1 connection back once read
-    /// to its end (at once when it has none).
+    /// to its end. On failure, the request too if none of it was sent.
     async fn send_on(
         &self,
         conn: Conn,
-        addr: &str,
-        request: &Outgoing<'_>,
+        outbound: Outbound,
         replica: usize,
-    ) -> Result<Response, Error> {
-        match conn {
-            Conn::H1(mut conn) => {
-                let head = request.http1_head(addr);
-                let head = conn.send(&head, request.body).await.map_err(Error::Http1)?;
-                let reuse = head.keep_alive.then(|| Reuse {
+    ) -> Result<Response, (Error, Option<Outbound>)> {
+        let sent = match conn {
+            Conn::H1(mut sender) => {
+                // A connection whose last response just ended may need a
+                // moment to be ready again; one that closed never will.
+                if let Err(e) = sender.ready().await {
+                    return Err((Error::Unsent(e), Some(outbound)));
+                }
+                let reuse = Reuse {
                     shared: Arc::clone(&self.shared),
                     replica,
-                });
-                let mut body = Body::H1 {
-                    conn: Some(conn),
-                    decoder: head.decoder,
-                    reuse,
+                };
+                sender
+                    .try_send_request(outbound)
+                    .await
+                    .map(|resp| (resp, Some((sender, reuse))))
+            }
+            Conn::H2(mut sender) => sender.try_send_request(outbound).await.map(|r| (r, None)),
+        };
+        match sent {
+            Ok((resp, conn)) => {
+                let (head, inner) = resp.into_parts();
+                let mut body = match conn {
+                    Some(conn) => Body::H1 {
+                        inner,
+                        conn: Some(conn),
+                    },
+                    None => Body::H2(inner),
                 };
                 body.hand_back_if_done();
                 Ok(Response {
@@ -239,17 +261,15 @@ impl Connections {
                     body,
                 })
             }
-            Conn::H2(mut sender) => {
-                let resp = sender
-                    .send_request(request.http2(addr))
-                    .await
-                    .map_err(Error::Http2)?;
-                let (head, inner) = resp.into_parts();
-                Ok(Response {
-                    status: head.status,
-                    headers: Fields::from_map(&head.headers),
-                    body: Body::H2(inner),
-                })
+            Err(mut e) => {
+                let unsent = e.take_message();
+                let error = e.into_error();
+                let error = if unsent.is_some() {
+                    Error::Unsent(error)
+                } else {
+                    Error::Sent(error)
+                };
+                Err((error, unsent))
             }
         }
     }
@@ -264,22 +284,9 @@ impl Connections {
             .map_or(0, |&i| state.replicas[i].idle.len())
     }
 
-    /// Read-buffer capacity held by the idle HTTP/1.1 connections to `addr`.
-    #[cfg(test)]
-    fn idle_buffers(&self, addr: &str) -> usize {
-        let state = self.shared.state.lock();
-        state.index.get(addr).map_or(0, |&i| {
-            let idle = &state.replicas[i].idle;
-            idle.iter().map(|i| i.conn.buffer_capacity()).sum()
-        })
-    }
-
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
         match self.shared.settings.protocol {
-            config::Protocol::Http1 => {
-                let stream = tcp(&self.shared.settings, addr).await?;
-                Ok(Conn::H1(Connection::new(stream)))
-            }
+            config::Protocol::Http1 => open_h1(&self.shared.settings, addr).await.map(Conn::H1),
             config::Protocol::H2c => self
                 .shared
                 .opening(addr, replica)
@@ -310,6 +317,22 @@ async fn tcp(settings: &Settings, addr: &str) -> Result<TcpStream, Error> {
     Ok(stream)
 }
 
+/// An HTTP/1.1 connection to `addr`, its task running.
+async fn open_h1(settings: &Settings, addr: &str) -> Result<SendRequest1, Error> {
+    let stream = tcp(settings, addr).await?;
+    let (sender, conn) = http1::Builder::new()
+        .max_header_size(HEAD_LIMIT)
+        .max_headers(MAX_HEADERS)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|source| Error::Handshake {
+            addr: addr.to_owned(),
+            source,
+        })?;
+    tokio::spawn(drive(conn));
+    Ok(sender)
+}
+
 /// An h2c connection to `addr`, its task running.
 async fn open_h2(settings: &Settings, addr: &str) -> Result<SendRequest2, Error> {
     let stream = tcp(settings, addr).await?;
@@ -333,19 +356,8 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
 
 /// A connection taken for one request.
 enum Conn {
-    H1(Connection),
+    H1(SendRequest1),
     H2(SendRequest2),
-}
-
-/// An HTTP/2 request that failed before any response byte because the
-/// connection was closed under it.
-fn is_stale_h2(e: &hyper::Error) -> bool {
-    e.is_canceled()
-        || e.is_closed()
-        || e.is_incomplete_message()
-        || std::error::Error::source(e)
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .is_some_and(http1::is_closed_by_peer)
 }
 
 impl Shared {
@@ -366,7 +378,7 @@ impl Shared {
         let conn = match self.settings.protocol {
             config::Protocol::Http1 => loop {
                 match r.idle.pop_back() {
-                    Some(mut idle) => {
+                    Some(idle) => {
                         if !idle.conn.is_closed() {
                             break Some(Conn::H1(idle.conn));
                         }
@@ -426,8 +438,7 @@ impl Shared {
     }
 
     /// An HTTP/1.1 connection whose response was read to its end.
-    fn put_back(self: &Arc<Self>, replica: usize, mut conn: Connection) {
-        conn.release_buffer();
+    fn put_back(self: &Arc<Self>, replica: usize, conn: SendRequest1) {
         let now = Instant::now();
         let mut state = self.state.lock();
         state.replicas[replica]
@@ -464,7 +475,7 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
         for r in &mut state.replicas {
             while r
                 .idle
-                .front_mut()
+                .front()
                 .is_some_and(|i| i.since + timeout <= now || i.conn.is_closed())
             {
                 expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn)));
@@ -500,12 +511,10 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
 /// which closes it.
 pub enum Body {
     H1 {
-        /// `None` once handed back.
-        conn: Option<Connection>,
-        decoder: Decoder,
-        /// Where the connection goes back to, if it may carry another
-        /// request.
-        reuse: Option<Reuse>,
+        inner: Incoming,
+        /// The connection and where it goes back to; `None` once handed
+        /// back, or once the body failed.
+        conn: Option<(SendRequest1, Reuse)>,
     },
     H2(Incoming),
 }
@@ -518,9 +527,9 @@ pub struct Reuse {
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Body::H1 { reuse, .. } => f
+            Body::H1 { conn, .. } => f
                 .debug_struct("Body::H1")
-                .field("returns_connection", &reuse.is_some())
+                .field("returns_connection", &conn.is_some())
                 .finish(),
             Body::H2(_) => f.write_str("Body::H2"),
         }
@@ -529,19 +538,13 @@ impl std::fmt::Debug for Body {
 
 impl Body {
     /// Once the body has been read to its end, its connection goes back to
-    /// the pool (if it may carry another request and nothing unasked-for
-    /// followed the response).
+    /// the pool.
     fn hand_back_if_done(&mut self) {
-        if let Body::H1 {
-            conn,
-            decoder,
-            reuse,
-        } = self
-            && decoder.is_end()
-            && let Some(c) = conn.take_if(|c| c.is_drained())
-            && let Some(r) = reuse.take()
+        if let Body::H1 { inner, conn } = self
+            && http_body::Body::is_end_stream(inner)
+            && let Some((sender, reuse)) = conn.take()
         {
-            r.shared.put_back(r.replica, c);
+            reuse.shared.put_back(reuse.replica, sender);
         }
     }
 }
@@ -554,40 +557,37 @@ impl http_body::Body for Body {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match &mut *self {
-            Body::H1 {
-                conn: Some(conn),
-                decoder,
-                reuse,
-            } => {
-                let data = ready!(conn.poll_data(decoder, cx));
-                if let Some(Err(_)) = &data {
-                    *reuse = None;
+        let polled = match &mut *self {
+            Body::H1 { inner, conn } => {
+                let polled = ready!(Pin::new(inner).poll_frame(cx));
+                match &polled {
+                    Some(Err(_)) => *conn = None,
+                    // hyper reports a body's end with its last frame only
+                    // when it knows the length; else here.
+                    None => {
+                        if let Some((sender, reuse)) = conn.take() {
+                            reuse.shared.put_back(reuse.replica, sender);
+                        }
+                    }
+                    Some(Ok(_)) => {}
                 }
-                self.hand_back_if_done();
-                Poll::Ready(data.map(|d| d.map(Frame::data).map_err(Into::into)))
+                polled
             }
-            Body::H1 { conn: None, .. } => Poll::Ready(None),
-            Body::H2(inner) => Pin::new(inner)
-                .poll_frame(cx)
-                .map(|f| f.map(|f| f.map_err(Into::into))),
-        }
+            Body::H2(inner) => ready!(Pin::new(inner).poll_frame(cx)),
+        };
+        self.hand_back_if_done();
+        Poll::Ready(polled.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            Body::H1 { decoder, .. } => decoder.is_end(),
-            Body::H2(inner) => inner.is_end_stream(),
+            Body::H1 { inner, .. } | Body::H2(inner) => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            Body::H1 { decoder, .. } => match decoder.remaining() {
-                Some(n) => SizeHint::with_exact(n),
-                None => SizeHint::default(),
-            },
-            Body::H2(inner) => inner.size_hint(),
+            Body::H1 { inner, .. } | Body::H2(inner) => inner.size_hint(),
         }
     }
 }

@@ -1,43 +1,47 @@
 //! Talking to replicas: each worker's connections to each pool
-//! ([`connections`]), the HTTP/1.1 client they use ([`http1`]), and the
-//! request a replica receives ([`Outgoing`]).
+//! ([`connections`], over hyper's client connections), the request a
+//! replica receives ([`Outgoing`]) and who it is told the client is
+//! ([`forwarded`]).
 
 pub mod connections;
-pub mod http1;
-
-use std::io::Write as _;
+pub mod forwarded;
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 
-use crate::fields::{self, Fields};
+use crate::headers::{self, OWN_PREFIX};
 use crate::telemetry::trace_context::TRACEPARENT;
 
 pub use connections::Connections;
+pub use forwarded::{Forwarded, TrustedProxies, X_FORWARDED_FOR};
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The request a replica is sent: the client's method, path, query and
-/// end-to-end headers, its body byte for byte, the gateway's request id and
-/// the trace context for the replica (see
-/// [`crate::telemetry::trace_context`]), which replace any the client sent.
+/// end-to-end headers, its body byte for byte, and the fields the gateway
+/// sets itself, which replace any the client sent: the request id, the
+/// trace context for the replica (see
+/// [`crate::telemetry::trace_context`]) and the forwarding fields. The
+/// client's `x-infergate-*` fields are the gateway's to read, not the
+/// replica's.
 pub struct Outgoing<'a> {
     pub method: &'a Method,
     pub uri: &'a Uri,
-    pub headers: &'a Fields,
+    pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
     pub request_id: &'a HeaderValue,
     pub traceparent: &'a HeaderValue,
+    pub forwarded: &'a Forwarded,
 }
 
-/// A replica's answer: its status, its head's fields as they arrived, and
-/// its body, which streams from the connection.
+/// A replica's answer: its status, its head's fields and its body, which
+/// streams from the connection.
 #[derive(Debug)]
 pub struct Response {
     pub status: StatusCode,
-    pub headers: Fields,
+    pub headers: HeaderMap,
     pub body: connections::Body,
 }
 
@@ -48,64 +52,83 @@ impl Outgoing<'_> {
             .map_or("/", http::uri::PathAndQuery::as_str)
     }
 
-    /// The client's headers that go on, minus the two the gateway sets.
-    fn forwarded_headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.headers.end_to_end().filter(|(name, _)| {
-            !name.eq_ignore_ascii_case(REQUEST_ID.as_str().as_bytes())
-                && !name.eq_ignore_ascii_case(TRACEPARENT.as_str().as_bytes())
-        })
+    /// The fields the replica receives, but `Host` (HTTP/1.1) or
+    /// `:authority` (HTTP/2), which depend on the protocol.
+    fn header_map(&self) -> HeaderMap {
+        let replaced = [
+            &REQUEST_ID,
+            &TRACEPARENT,
+            &X_FORWARDED_FOR,
+            &header::FORWARDED,
+            &header::HOST,
+            &header::EXPECT,
+        ];
+        let mut map = HeaderMap::with_capacity(self.headers.len() + 4);
+        for (name, value) in headers::end_to_end(self.headers) {
+            if !replaced.contains(&name) && !name.as_str().starts_with(OWN_PREFIX) {
+                map.append(name.clone(), value.clone());
+            }
+        }
+        map.insert(REQUEST_ID, self.request_id.clone());
+        map.insert(TRACEPARENT, self.traceparent.clone());
+        map.insert(X_FORWARDED_FOR, self.forwarded.x_forwarded_for.clone());
+        map.insert(header::FORWARDED, self.forwarded.forwarded.clone());
+        map
     }
 
-    /// The HTTP/1.1 request head for the replica at `addr`: the path alone
-    /// on the request line, `Host` the replica's address, and the body's
-    /// length.
-    pub fn http1_head(&self, addr: &str) -> Vec<u8> {
-        let mut head = Vec::with_capacity(256 + 64 * self.headers.len());
-        head.extend_from_slice(self.method.as_str().as_bytes());
-        head.push(b' ');
-        head.extend_from_slice(self.path().as_bytes());
-        head.extend_from_slice(b" HTTP/1.1\r\n");
-        let mut field = |name: &[u8], value: &[u8]| {
-            head.extend_from_slice(name);
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(value);
-            head.extend_from_slice(b"\r\n");
-        };
-        field(b"host", addr.as_bytes());
-        for (name, value) in self.forwarded_headers() {
-            field(name, value);
-        }
-        field(REQUEST_ID.as_str().as_bytes(), self.request_id.as_bytes());
-        field(TRACEPARENT.as_str().as_bytes(), self.traceparent.as_bytes());
-        // Into the head directly: no string per request.
-        let _ = write!(head, "content-length: {}\r\n\r\n", self.body.len());
-        head
+    /// The HTTP/1.1 request for the replica at `addr`: the path alone on
+    /// the request line, `Host` the replica's address; hyper adds the
+    /// body's length.
+    pub fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        let mut req = Request::new(Full::new(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.path().parse::<Uri>().map_err(|_| InvalidTarget)?;
+        let mut headers = self.header_map();
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(addr).map_err(|_| InvalidTarget)?,
+        );
+        *req.headers_mut() = headers;
+        Ok(req)
     }
 
     /// The HTTP/2 request for the replica at `addr`: the whole URI, from
     /// which hyper sends `:scheme` and `:authority`.
-    pub fn http2(&self, addr: &str) -> Request<Full<Bytes>> {
+    pub fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
         let mut req = Request::new(Full::new(self.body.clone()));
         *req.method_mut() = self.method.clone();
         *req.version_mut() = http::Version::HTTP_2;
-        *req.uri_mut() = format!("http://{addr}{}", self.path())
-            .parse::<Uri>()
-            .expect("host:port and an already-parsed path form a valid URI");
-        let headers = req.headers_mut();
-        *headers = fields::header_map(self.forwarded_headers());
-        headers.insert(REQUEST_ID, self.request_id.clone());
-        headers.insert(TRACEPARENT, self.traceparent.clone());
-        req
+        *req.uri_mut() = Uri::builder()
+            .scheme("http")
+            .authority(addr)
+            .path_and_query(self.path())
+            .build()
+            .map_err(|_| InvalidTarget)?;
+        *req.headers_mut() = self.header_map();
+        Ok(req)
     }
 }
+
+/// The replica's address and the request's target make no valid URI.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the replica address and the request path do not form a valid request target")]
+pub struct InvalidTarget;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn pairs(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (n, v) in pairs {
+            map.append(HeaderName::from_static(n), HeaderValue::from_static(v));
+        }
+        map
+    }
+
     #[test]
-    fn the_replica_gets_the_request_id_and_trace_context() {
-        let headers = Fields::from_pairs(&[
+    fn the_replica_gets_the_gateways_own_fields_and_the_clients_end_to_end_ones() {
+        let headers = pairs(&[
             (
                 "traceparent",
                 "00-11111111111111111111111111111111-2222222222222222-01",
@@ -115,12 +138,22 @@ mod tests {
             ("connection", "x-hop"),
             ("x-hop", "1"),
             ("x-request-id", "theirs"),
+            ("x-infergate-priority", "critical"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("expect", "100-continue"),
+            ("content-length", "2"),
         ]);
         let uri = Uri::from_static("/v1/chat/completions?x=1");
         let ours =
             HeaderValue::from_static("00-11111111111111111111111111111111-3333333333333333-01");
         let body = Bytes::from_static(b"{}");
         let request_id = HeaderValue::from_static("req-1");
+        let forwarded = Forwarded::new(
+            &headers,
+            "192.0.2.7:4000".parse().unwrap(),
+            "http",
+            &TrustedProxies::default(),
+        );
         let outgoing = Outgoing {
             method: &Method::POST,
             uri: &uri,
@@ -128,41 +161,67 @@ mod tests {
             body: &body,
             request_id: &request_id,
             traceparent: &ours,
+            forwarded: &forwarded,
         };
-        let head = String::from_utf8(outgoing.http1_head("10.0.0.1:8000")).unwrap();
-        let mut lines: Vec<&str> = head.split("\r\n").collect();
-        // The replica's address as host, not the gateway's.
-        assert_eq!(
-            lines[..2],
-            [
-                "POST /v1/chat/completions?x=1 HTTP/1.1",
-                "host: 10.0.0.1:8000"
-            ]
-        );
-        assert_eq!(lines.split_off(lines.len() - 2), ["", ""], "{head}");
-        let mut fields = lines.split_off(2);
-        fields.sort();
-        assert_eq!(
-            fields,
-            [
-                "content-length: 2",
-                &format!("traceparent: {}", ours.to_str().unwrap()),
-                "tracestate: vendor=1",
-                "x-request-id: req-1",
-            ]
-        );
+        let expected = |req: &Request<Full<Bytes>>, host: Option<&str>| {
+            let mut fields: Vec<String> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+                .collect();
+            fields.sort();
+            let mut want = vec![
+                "forwarded: for=192.0.2.7;proto=http".to_owned(),
+                format!("traceparent: {}", ours.to_str().unwrap()),
+                "tracestate: vendor=1".to_owned(),
+                "x-forwarded-for: 192.0.2.7".to_owned(),
+                "x-request-id: req-1".to_owned(),
+            ];
+            if let Some(host) = host {
+                want.insert(1, format!("host: {host}"));
+            }
+            assert_eq!(fields, want);
+        };
 
-        let req = outgoing.http2("10.0.0.1:8000");
+        let req = outgoing.http1("10.0.0.1:8000").unwrap();
+        assert_eq!(req.uri(), "/v1/chat/completions?x=1");
+        // The replica's address as host, not the gateway's.
+        expected(&req, Some("10.0.0.1:8000"));
+
+        let req = outgoing.http2("10.0.0.1:8000").unwrap();
         assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
         assert_eq!(req.version(), http::Version::HTTP_2);
-        let headers = req.headers();
-        assert!(headers.get(http::header::HOST).is_none());
-        assert!(headers.get("x-hop").is_none());
-        assert!(headers.get(http::header::CONNECTION).is_none());
-        assert_eq!(headers.get_all(REQUEST_ID).iter().count(), 1);
-        assert_eq!(headers[REQUEST_ID], "req-1");
-        assert_eq!(headers.get_all(TRACEPARENT).iter().count(), 1);
-        assert_eq!(headers[TRACEPARENT], ours);
-        assert_eq!(headers["tracestate"], "vendor=1");
+        expected(&req, None);
+    }
+
+    #[test]
+    fn an_address_that_makes_no_uri_is_an_error_not_a_panic() {
+        let headers = HeaderMap::new();
+        // Near the longest URI `http` parses from a string, which a URI
+        // formatted with a Kubernetes service name in front once exceeded
+        // (and panicked on): built from its parts, it is fine.
+        let path = format!("/v1/{}", "a".repeat(65_450));
+        let uri: Uri = path.parse().unwrap();
+        let (body, value) = (Bytes::new(), HeaderValue::from_static("x"));
+        let forwarded = Forwarded::new(
+            &headers,
+            "127.0.0.1:1".parse().unwrap(),
+            "http",
+            &TrustedProxies::default(),
+        );
+        let outgoing = Outgoing {
+            method: &Method::POST,
+            uri: &uri,
+            headers: &headers,
+            body: &body,
+            request_id: &value,
+            traceparent: &value,
+            forwarded: &forwarded,
+        };
+        assert!(outgoing.http2("10.0.0.1:80").is_ok());
+        let long_host = "vllm-llama-8b.inference.svc.cluster.local:8000";
+        assert!(outgoing.http2(long_host).is_ok());
+        assert!(outgoing.http2("not an authority").is_err());
+        assert!(outgoing.http1("bad\naddr").is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! An h2c connection's streams, as the connection watches them: how many
+//! A client connection's requests (HTTP/1.1) or streams (HTTP/2), as the
+//! connection watches them: whether its first request has come, how many
 //! are open (for the idle timeout), and whether one's client has stopped
 //! taking its response.
 //!
@@ -8,8 +9,7 @@
 //! would stay open for as long as the connection does. So the connection
 //! looks at its streams now and then, and drops the body of one that
 //! handed out data nobody came back for within the send timeout, which
-//! aborts the replica's request — as the HTTP/1.1 server's send timeout
-//! does.
+//! aborts the replica's request.
 
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,9 +26,11 @@ use tokio::time::Instant;
 use crate::body::BoxError;
 
 /// A connection's streams, whose response bodies are `B`.
-pub(super) struct Streams<B> {
+pub(crate) struct Streams<B> {
     /// Streams from request to response body dropped.
     open: AtomicUsize,
+    /// Streams ever opened.
+    opened: AtomicUsize,
     changed: Notify,
     /// Response bodies being sent.
     sending: Mutex<Vec<Weak<Sending<B>>>>,
@@ -38,6 +40,7 @@ impl<B> Default for Streams<B> {
     fn default() -> Self {
         Self {
             open: AtomicUsize::new(0),
+            opened: AtomicUsize::new(0),
             changed: Notify::new(),
             sending: Mutex::new(Vec::new()),
         }
@@ -46,14 +49,15 @@ impl<B> Default for Streams<B> {
 
 impl<B> Streams<B> {
     /// A stream begins: it counts as open until the [`Open`] is dropped.
-    pub(super) fn open(this: &Arc<Self>) -> Open<B> {
+    pub(crate) fn open(this: &Arc<Self>) -> Open<B> {
         this.open.fetch_add(1, Ordering::Relaxed);
+        this.opened.fetch_add(1, Ordering::Relaxed);
         this.changed.notify_waiters();
         Open(Arc::clone(this))
     }
 
     /// `body` answers the stream `open` counts.
-    pub(super) fn respond(this: &Arc<Self>, body: B, open: Open<B>) -> Counted<B> {
+    pub(crate) fn respond(this: &Arc<Self>, body: B, open: Open<B>) -> Counted<B> {
         let sending = Arc::new(Sending {
             state: Mutex::new(State {
                 handed_out: None,
@@ -74,8 +78,26 @@ impl<B> Streams<B> {
         }
     }
 
+    /// Completes if no stream opens within `timeout`; once one has, never.
+    pub(crate) async fn none_within(&self, timeout: Duration) {
+        let first = async {
+            loop {
+                let changed = self.changed.notified();
+                let mut changed = pin!(changed);
+                changed.as_mut().enable();
+                if self.opened.load(Ordering::Relaxed) > 0 {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        if tokio::time::timeout(timeout, first).await.is_ok() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Completes once no stream has been open for `timeout`.
-    pub(super) async fn idle_for(&self, timeout: Duration) {
+    pub(crate) async fn idle_for(&self, timeout: Duration) {
         loop {
             let changed = self.changed.notified();
             let mut changed = pin!(changed);
@@ -95,7 +117,7 @@ impl<B> Streams<B> {
     /// Drop the body of any stream that handed out data and was not asked
     /// for more within `timeout`, looking every quarter of it while a
     /// stream is open. Never completes.
-    pub(super) async fn cut_stalled(&self, timeout: Duration) {
+    pub(crate) async fn cut_stalled(&self, timeout: Duration) {
         loop {
             loop {
                 let changed = self.changed.notified();
@@ -121,7 +143,7 @@ impl<B> Streams<B> {
     }
 }
 
-pub(super) struct Open<B>(Arc<Streams<B>>);
+pub(crate) struct Open<B>(Arc<Streams<B>>);
 
 impl<B> Drop for Open<B> {
     fn drop(&mut self) {
@@ -159,7 +181,7 @@ impl<B> Sending<B> {
 
 /// A stream's response body: counts the stream as open while it lives,
 /// and notes when it hands out a frame for [`Streams::cut_stalled`].
-pub(super) struct Counted<B> {
+pub(crate) struct Counted<B> {
     sending: Arc<Sending<B>>,
     _open: Open<B>,
 }
