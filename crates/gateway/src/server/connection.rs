@@ -89,14 +89,15 @@ impl Timeouts {
 
 /// Serve requests on `io` from `peer` with `handler` until the client
 /// closes the connection, a timeout closes it, or draining ends it.
-pub async fn serve<H, F>(
-    io: tokio::net::TcpStream,
+pub async fn serve<I, H, F>(
+    io: I,
     peer: SocketAddr,
     handler: H,
     worker: WorkerId,
     watch: Watch,
     timeouts: Timeouts,
 ) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     H: Fn(WorkerId, Request) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {

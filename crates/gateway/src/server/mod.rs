@@ -8,7 +8,7 @@
 //! then stay on one thread: no work stealing, no wake-ups across threads,
 //! which at low load cost more than the proxying itself.
 
-mod connection;
+pub(crate) mod connection;
 mod streams;
 
 use std::collections::HashMap;

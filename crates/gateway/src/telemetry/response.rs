@@ -74,6 +74,11 @@ impl ResponseMeter {
         if self.tail.capacity() == 0 {
             self.tail.reserve_exact(2 * TAIL);
         }
+        if data.len() > TAIL {
+            // Only the frame's end is kept: the old tail is no longer next
+            // to it in the body, and must not be read across.
+            self.tail.clear();
+        }
         let data = &data[data.len().saturating_sub(TAIL)..];
         if self.tail.len() + data.len() > 2 * TAIL {
             // Keep the newest TAIL bytes; moving at most TAIL bytes once
@@ -288,6 +293,21 @@ mod tests {
         m.on_frame(b"],\"usage\":{\"prompt_tokens\":40}}");
         assert!(m.tail.len() <= 2 * TAIL);
         assert_eq!(m.usage().unwrap().prompt_tokens, Some(40));
+    }
+
+    #[test]
+    fn usage_is_never_read_across_bytes_a_long_frame_skipped() {
+        // Found by fuzzing (fuzz/fuzz_targets/sse.rs): the end of a frame
+        // longer than the tail was appended to the old tail, joining bytes
+        // that were not next to each other into a `usage` the body never
+        // had (here `completion_` + `tokens": 99`).
+        let mut m = ResponseMeter::new(false);
+        m.on_frame(br#"{"usage": {"prompt_tokens": 1, "completion_"#);
+        let mut long = vec![b'y'; 200];
+        long.extend_from_slice(br#"tokens": 99}}"#);
+        long.resize(200 + TAIL, b' ');
+        m.on_frame(&long);
+        assert_eq!(m.usage(), None);
     }
 
     #[test]
