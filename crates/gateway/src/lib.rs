@@ -8,6 +8,7 @@ pub mod body;
 mod drain;
 mod edge;
 pub mod error;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod headers;
