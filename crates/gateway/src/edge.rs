@@ -48,8 +48,8 @@ impl ForwardedPaths {
 }
 
 /// Refuse what no route should see: a target over [`TARGET_LIMIT`], an
-/// HTTP/1.1 request without exactly one `Host` (RFC 9112 §3.2), a path
-/// that is not plain.
+/// HTTP/1.1 request without exactly one `Host` (RFC 9112 §3.2), a transfer
+/// coding other than one `chunked`, a path that is not plain.
 pub fn check(req: &Request) -> Result<(), ApiError> {
     let target = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
     if target > TARGET_LIMIT {
@@ -64,6 +64,13 @@ pub fn check(req: &Request) -> Result<(), ApiError> {
     if !host_ok {
         return Err(ApiError::malformed(
             "an HTTP/1.1 request must carry exactly one Host header",
+        ));
+    }
+    // hyper reads a body by its last coding, `chunked`; one chunked twice,
+    // or gzipped under it, would reach the replica still encoded.
+    if !headers::plain_transfer_coding(&req.headers) {
+        return Err(ApiError::malformed(
+            "a request body may use no transfer coding but a single chunked",
         ));
     }
     if !is_plain(req.uri.path()) {

@@ -51,10 +51,10 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
-/// Whether a replica's response is framed only by the chunked coding
-/// (or by its length). Any other transfer coding (`gzip, chunked`) would
-/// reach the client re-framed without it, its body undecodable: such a
-/// response is refused instead.
+/// Whether a message is framed only by the chunked coding (or by its
+/// length). Any other transfer coding (`gzip, chunked`, or `chunked`
+/// twice) would reach the next hop re-framed without it, its body still
+/// encoded: such a message is refused instead.
 pub fn plain_transfer_coding(headers: &HeaderMap) -> bool {
     let mut codings = headers
         .get_all(header::TRANSFER_ENCODING)
