@@ -603,7 +603,10 @@ async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
     assert_eq!(error["error"]["code"], "upstream_failed");
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("sent nothing for 300ms"), "{message}");
-    assert!(body.next().await.is_none(), "the stream ends after the error event");
+    assert!(
+        body.next().await.is_none(),
+        "the stream ends after the error event"
+    );
     drop(events);
 }
 

@@ -182,12 +182,16 @@ fn pool_labels(p: &PoolRow) -> Vec<(&'static str, String)> {
 /// One gauge of the gateway itself: name, help, value.
 pub type ServerGauge = (&'static str, &'static str, i64);
 
+/// Reads the gateway's own gauges; set once the gateway runs.
+pub type ServerGaugeSource =
+    Arc<std::sync::OnceLock<Box<dyn Fn() -> Vec<ServerGauge> + Send + Sync>>>;
+
 /// Gauges of the gateway as a server (open connections, live tasks,
 /// buffered request bytes), read from their sources when scraped. The
 /// sources exist only once the gateway runs, so they are set then.
 #[derive(Default)]
 pub(super) struct ServerGauges {
-    pub read: Arc<std::sync::OnceLock<Box<dyn Fn() -> Vec<ServerGauge> + Send + Sync>>>,
+    pub read: ServerGaugeSource,
 }
 
 impl std::fmt::Debug for ServerGauges {

@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::live::{LiveGauges, LivePool, ServerGauge, ServerGauges};
+use super::live::{LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges};
 use crate::admit::Admission;
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
@@ -210,7 +210,7 @@ pub struct Metrics {
     registry: Registry,
     families: Families,
     live: Arc<RwLock<Vec<LivePool>>>,
-    server: Arc<OnceLock<Box<dyn Fn() -> Vec<ServerGauge> + Send + Sync>>>,
+    server: ServerGaugeSource,
     /// Series for requests whose model no pool serves; made on first use so
     /// a gateway that never sees one exports no empty series for it.
     unrouted: OnceLock<Arc<RouteMetrics>>,
