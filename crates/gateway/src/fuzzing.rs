@@ -154,9 +154,19 @@ pub fn upstream_response(pieces: &[&[u8]]) -> Upstream {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port on 127.0.0.1");
+        // One listening socket for the whole run: a port bound per input
+        // would run the machine out of ports (each closed connection holds
+        // its port for a minute).
+        static LISTENER: OnceLock<std::net::TcpListener> = OnceLock::new();
+        let shared = LISTENER.get_or_init(|| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port on 127.0.0.1");
+            listener
+                .set_nonblocking(true)
+                .expect("a non-blocking socket");
+            listener
+        });
+        let listener = tokio::net::TcpListener::from_std(shared.try_clone().expect("a socket"))
+            .expect("a listener on this runtime");
         let addr = listener.local_addr().expect("an address").to_string();
         let pieces: Vec<Vec<u8>> = pieces.iter().map(|p| p.to_vec()).collect();
         let replica = tokio::spawn(async move {
@@ -166,7 +176,7 @@ pub fn upstream_response(pieces: &[&[u8]]) -> Upstream {
             // The request: its head and its 2-byte body.
             let mut got = Vec::new();
             let mut buf = [0u8; 4096];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n{}") {
+            while !got.windows(6).any(|w| w == b"\r\n\r\n{}") {
                 match stream.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => got.extend_from_slice(&buf[..n]),

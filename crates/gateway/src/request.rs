@@ -68,7 +68,9 @@ impl<'a> InferenceRequest<'a> {
         Ok(Self {
             model,
             stream: fields.stream,
-            estimated_tokens: prompt_chars / CHARS_PER_TOKEN + output,
+            // Saturating: a client's `max_tokens` may be any u64, and a sum
+            // that wrapped would make a huge request look nearly free.
+            estimated_tokens: (prompt_chars / CHARS_PER_TOKEN).saturating_add(output),
             prompt,
         })
     }
@@ -425,6 +427,17 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_output_bound_saturates_the_estimate() {
+        // Overflowed (a panic with overflow checks, a wrap to a tiny load
+        // without): `max_tokens` is any u64 the client sends.
+        let r = InferenceRequest::parse(
+            br#"{"model":"m","max_tokens":18446744073709551615,"prompt":"abcdefgh"}"#,
+        )
+        .unwrap();
+        assert_eq!(r.estimated_tokens, u64::MAX);
+    }
+
+    #[test]
     fn errors_are_400_with_param_model() {
         for body in [
             &br#"{"model":3}"#[..],
@@ -487,7 +500,11 @@ mod tests {
             .filter_map(|k| fields.get(*k))
             .map(text_len)
             .sum::<usize>() as u64;
-        Ok((model, stream, prompt_chars / CHARS_PER_TOKEN + output))
+        Ok((
+            model,
+            stream,
+            (prompt_chars / CHARS_PER_TOKEN).saturating_add(output),
+        ))
     }
 
     fn config(block_bytes: usize) -> PrefixConfig {
@@ -532,6 +549,7 @@ mod tests {
             r#"{"stream":true,"model":"m","max_completion_tokens":7,"max_tokens":9,"prompt":"once upon a time there was"}"#,
             r#"{"model":"m","max_completion_tokens":null,"max_tokens":9,"prompt":["first prompt", "second one", 17, [1,2,3,-4,5.5], null]}"#,
             r#"{"model":"m","max_tokens":-3,"prompt":[101, 202, 303, 404, 70000000000]}"#,
+            r#"{"model":"m","max_completion_tokens":18446744073709551615,"prompt":"long enough to count"}"#,
             r#"{"model":"m","max_tokens":2.0,"input":["embed me", "and me"],"prompt":{"odd":"shape"}}"#,
             r#"{"model":"m","messages":"not an array","prompt":"fallback prompt text"}"#,
             r#"{"model":"a","model":"b","stream":true,"stream":1,"messages":[],"messages":[{"role":"user","content":"last wins"}]}"#,

@@ -5,14 +5,17 @@
 
 /// Sum of a count over series (requests waiting on each data-parallel
 /// engine add up to the replica's queue). Negative or non-finite values are
-/// ignored as corrupt.
+/// ignored as corrupt, and so is a value that would carry the sum to
+/// infinity: the sum stays a number, so ratios of sums (used / max blocks)
+/// are never `inf / inf`, which is NaN.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Total(Option<f64>);
 
 impl Total {
     pub(super) fn add(&mut self, value: f64) {
-        if value.is_finite() && value >= 0.0 {
-            self.0 = Some(self.0.unwrap_or(0.0) + value);
+        let sum = self.0.unwrap_or(0.0) + value;
+        if value >= 0.0 && sum.is_finite() {
+            self.0 = Some(sum);
         }
     }
 
@@ -125,6 +128,20 @@ mod tests {
         total.add(2.0);
         total.add(3.0);
         assert_eq!(total.count(), Some(5));
+    }
+
+    #[test]
+    fn total_ignores_a_value_that_would_overflow_it() {
+        // Found by fuzzing (fuzz/fuzz_targets/prometheus.rs): two `used`
+        // and two `max` block counts of 1e308 summed to infinity, and
+        // Triton's used / max gave a NaN KV usage.
+        let mut total = Total::default();
+        total.add(f64::INFINITY);
+        assert_eq!(total.get(), None);
+        total.add(1e308);
+        total.add(1e308);
+        assert_eq!(total.get(), Some(1e308));
+        assert_eq!(total.count(), Some(u64::MAX));
     }
 
     #[test]

@@ -130,4 +130,17 @@ nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\",model=\"tensorrt_l
         assert_eq!(state.kv_usage, Some(0.25));
         assert_eq!(state.kv_capacity_blocks, Some(200));
     }
+
+    #[test]
+    fn block_counts_too_large_to_sum_keep_usage_a_fraction() {
+        // Found by fuzzing: these summed to infinity, and inf / inf is NaN.
+        let text = "\
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"} 1e308
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"used\"} 1e308
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"max\"} 1e308
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"used\"} 1e308
+";
+        let state = Dialect::Triton.extract(text).unwrap();
+        assert_eq!(state.kv_usage, Some(1.0));
+    }
 }

@@ -1,0 +1,58 @@
+//! A replica's answer as the gateway reads it: hyper's client connection
+//! under the per-worker pool (`upstream::connections`), and the checks the
+//! pipeline makes of the answer (transfer coding, end-to-end headers), via
+//! `gateway::fuzzing::upstream_response` against a replica on 127.0.0.1
+//! that answers with the input.
+//!
+//! Input: a header, then the replica's bytes.
+//! - byte 0: its low 4 bits are how many cuts follow;
+//! - 2 bytes per cut, little-endian, modulo the length + 1: where the
+//!   answer is cut into separate writes.
+//!
+//! Checked beyond "no panic or hang": no hop-by-hop or framing header is
+//! ever among those passed on to the client.
+
+#![no_main]
+
+use gateway::fuzzing::Upstream;
+use libfuzzer_sys::fuzz_target;
+
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let cut_bytes = (usize::from(mode & 0x0f) * 2).min(rest.len());
+    let (cuts, input) = rest.split_at(cut_bytes);
+    let mut cuts: Vec<usize> = cuts
+        .chunks_exact(2)
+        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (input.len() + 1))
+        .collect();
+    cuts.sort_unstable();
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for cut in cuts.into_iter().chain([input.len()]) {
+        pieces.push(&input[start..cut]);
+        start = cut;
+    }
+
+    if let Upstream::Answered {
+        forwarded_headers, ..
+    } = gateway::fuzzing::upstream_response(&pieces)
+    {
+        for name in &forwarded_headers {
+            assert!(!HOP_BY_HOP.contains(&name.as_str()), "{name} passed on");
+        }
+    }
+});
