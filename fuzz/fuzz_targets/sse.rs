@@ -29,23 +29,10 @@ use libfuzzer_sys::fuzz_target;
 const KEPT_WHOLE: usize = 1024;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some((mode, frames, body)) = gateway::fuzzing::cut(data) else {
         return;
     };
     let sse = mode & 0x80 == 0;
-    let cut_bytes = (usize::from(mode & 0x0f) * 2).min(rest.len());
-    let (cuts, body) = rest.split_at(cut_bytes);
-    let mut cuts: Vec<usize> = cuts
-        .chunks_exact(2)
-        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (body.len() + 1))
-        .collect();
-    cuts.sort_unstable();
-    let mut frames = Vec::with_capacity(cuts.len() + 1);
-    let mut start = 0;
-    for cut in cuts.into_iter().chain([body.len()]) {
-        frames.push(&body[start..cut]);
-        start = cut;
-    }
 
     gateway::fuzzing::record_response(sse, frames.iter().copied());
 

@@ -30,22 +30,9 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
+    let Some((_, pieces, _)) = gateway::fuzzing::cut(data) else {
         return;
     };
-    let cut_bytes = (usize::from(mode & 0x0f) * 2).min(rest.len());
-    let (cuts, input) = rest.split_at(cut_bytes);
-    let mut cuts: Vec<usize> = cuts
-        .chunks_exact(2)
-        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (input.len() + 1))
-        .collect();
-    cuts.sort_unstable();
-    let mut pieces = Vec::with_capacity(cuts.len() + 1);
-    let mut start = 0;
-    for cut in cuts.into_iter().chain([input.len()]) {
-        pieces.push(&input[start..cut]);
-        start = cut;
-    }
 
     if let Upstream::Answered {
         forwarded_headers, ..

@@ -17,6 +17,31 @@ use tokio::time::Instant;
 use crate::record::Record;
 use crate::telemetry::Metrics;
 
+// Input layout shared by the targets that cut a byte stream ----------------
+
+/// An input that carries its own cuts: byte 0 is a mode byte (its low 4
+/// bits say how many cuts follow; the targets may use its high bits), then
+/// 2 bytes per cut, little-endian, modulo the length of the rest + 1: where
+/// the rest is cut into pieces, so that boundaries can fall anywhere.
+/// Returns the mode byte, the pieces, and the rest whole.
+pub fn cut(data: &[u8]) -> Option<(u8, Vec<&[u8]>, &[u8])> {
+    let (&mode, rest) = data.split_first()?;
+    let cut_bytes = (usize::from(mode & 0x0f) * 2).min(rest.len());
+    let (cuts, bytes) = rest.split_at(cut_bytes);
+    let mut cuts: Vec<usize> = cuts
+        .chunks_exact(2)
+        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (bytes.len() + 1))
+        .collect();
+    cuts.sort_unstable();
+    let mut pieces = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0;
+    for cut in cuts.into_iter().chain([bytes.len()]) {
+        pieces.push(&bytes[start..cut]);
+        start = cut;
+    }
+    Some((mode, pieces, bytes))
+}
+
 // `request_json` ------------------------------------------------------------
 
 /// The parse stage: body → model, stream, token estimate, and the prompt's
