@@ -237,6 +237,9 @@ pub struct ConnectionSlots {
     semaphore: Arc<Semaphore>,
     limit: u32,
     per_client: Option<Arc<PerClient>>,
+    /// Connections accepted and still open (the accept loop holds a slot
+    /// while it waits, which the semaphore alone would count).
+    open: Arc<AtomicUsize>,
 }
 
 struct PerClient {
@@ -248,10 +251,12 @@ struct PerClient {
 pub struct Slot {
     _slot: tokio::sync::OwnedSemaphorePermit,
     client: Option<(Arc<PerClient>, IpAddr)>,
+    open: Arc<AtomicUsize>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
         if let Some((per_client, ip)) = &self.client {
             let mut open = per_client.open.lock();
             if let Some(n) = open.get_mut(ip) {
@@ -275,12 +280,13 @@ impl ConnectionSlots {
                     open: Mutex::new(HashMap::new()),
                 })
             }),
+            open: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     /// Client connections open now.
     pub fn open(&self) -> usize {
-        self.limit as usize - self.semaphore.available_permits()
+        self.open.load(Ordering::Relaxed)
     }
 
     /// `slot` for a connection from `ip`, unless that address has its
@@ -298,9 +304,11 @@ impl ConnectionSlots {
                 Some((Arc::clone(per_client), ip))
             }
         };
+        self.open.fetch_add(1, Ordering::Relaxed);
         Some(Slot {
             _slot: slot,
             client,
+            open: Arc::clone(&self.open),
         })
     }
 }
