@@ -59,7 +59,8 @@ pub struct SimArgs {
     /// Fault: accept inference requests and never answer.
     #[arg(long)]
     pub hang: bool,
-    /// Fault: /metrics ok, dead (503), hang, or frozen (stale values).
+    /// Fault: /metrics ok, dead (503), hang, frozen (stale values) or garbage
+    /// (200 with an HTML page).
     #[arg(long, value_enum, default_value_t = MetricsFault::Ok)]
     pub metrics_fault: MetricsFault,
     /// Fault: every engine step takes this many times longer.

@@ -4,8 +4,9 @@
 //! - `error_rate`: that fraction of inference requests gets an HTTP 500 with an
 //!   OpenAI-shaped error body, before reaching the engine;
 //! - `hang`: inference requests are accepted and never answered;
-//! - `metrics`: `/metrics` is `ok`, `dead` (503), `hang` (never answers) or
-//!   `frozen` (keeps serving the text rendered when it froze: stale values);
+//! - `metrics`: `/metrics` is `ok`, `dead` (503), `hang` (never answers),
+//!   `frozen` (keeps serving the text rendered when it froze: stale values)
+//!   or `garbage` (200 with a body that is not Prometheus text);
 //! - `slowdown`: every engine step takes this many times longer (thermal
 //!   throttling, a noisy neighbour);
 //! - crash (`POST /admin/crash`, not a state): the replica stops listening and
@@ -29,6 +30,9 @@ pub enum MetricsFault {
     Hang,
     /// Serve the text rendered when the fault was set, forever.
     Frozen,
+    /// Answer 200 with an HTML page instead of metrics, as a misrouted
+    /// scrape or a captive proxy does.
+    Garbage,
 }
 
 /// The faults in force on one replica. Serialized as the body of

@@ -770,9 +770,15 @@ async fn hang_fault_accepts_and_never_answers() {
 }
 
 #[tokio::test]
-async fn metrics_faults_dead_hang_and_frozen() {
+async fn metrics_faults_dead_hang_frozen_and_garbage() {
     let replica = replica(fast_spec()).await;
     let http = Http::new(replica.local_addr());
+
+    http.post_json("/admin/faults", &json!({"metrics": "garbage"}))
+        .await;
+    let garbage = http.get("/metrics").await;
+    assert_eq!(garbage.status, StatusCode::OK);
+    assert!(garbage.text().starts_with("<html>"), "{}", garbage.text());
 
     http.post_json("/admin/faults", &json!({"metrics": "dead"}))
         .await;

@@ -16,6 +16,11 @@ use super::body::{ApiError, ResponseBody, boxed, json, text};
 use super::{AppState, StopMode};
 use crate::faults::{FaultsUpdate, MetricsFault};
 
+/// What `/metrics` serves under the `garbage` fault: a page a proxy in the
+/// way might answer with, 200 and all.
+const GARBAGE_METRICS: &str =
+    "<html><head><title>Welcome</title></head><body><h1>It works!</h1></body></html>\n";
+
 pub(super) async fn metrics(state: &AppState) -> Response<ResponseBody> {
     let content_type = state.exporter.lock().dialect().content_type();
     match state.faults.current().metrics {
@@ -28,6 +33,9 @@ pub(super) async fn metrics(state: &AppState) -> Response<ResponseBody> {
             );
         }
         MetricsFault::Hang => std::future::pending::<()>().await,
+        MetricsFault::Garbage => {
+            return text(StatusCode::OK, "text/html; charset=utf-8", GARBAGE_METRICS);
+        }
         MetricsFault::Frozen => {
             if let Some(frozen) = state.last_metrics.lock().clone() {
                 return text(StatusCode::OK, content_type, frozen);
