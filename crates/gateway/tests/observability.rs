@@ -679,3 +679,45 @@ async fn decision_scores_are_logged_at_debug_level() {
         "{line}"
     );
 }
+
+#[tokio::test]
+async fn the_servers_own_gauges_count_open_connections_and_come_back_to_idle() {
+    use tokio::io::AsyncWriteExt;
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let cfg = config(
+        "  admin: {address: \"127.0.0.1:0\"}\n",
+        &format!(
+            "    - {{name: p, engine: none, models: [m], endpoints: [\"{}\"], scheduling: {{policy: round-robin}}}}\n",
+            replica.addr
+        ),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let connections =
+        |m: &support::exposition::Exposition| m.value("infergate_client_connections", &[]);
+    let idle = scrape(&gw).await;
+    // The accept loop's waiting slot is not a connection.
+    assert_eq!(connections(&idle), 0.0);
+    assert!(idle.value("infergate_runtime_alive_tasks", &[]) > 0.0);
+    assert_eq!(idle.value("infergate_buffered_body_bytes", &[]), 0.0);
+
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut conn = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            .await
+            .unwrap();
+        support::healthz_answered(&mut conn).await;
+        open.push(conn);
+    }
+    assert_eq!(connections(&scrape(&gw).await), 3.0);
+    drop(open);
+    // The server sees the clients leave when it next reads: bounded polling.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while connections(&scrape(&gw).await) != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
