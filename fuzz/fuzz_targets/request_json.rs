@@ -95,7 +95,9 @@ fn expected(body: &[u8]) -> Result<Expected, ExpectedError> {
         stream,
         // A huge `max_tokens` must not wrap the estimate around to a small
         // load: it saturates.
-        estimated_tokens: (prompt_chars as u64 / CHARS_PER_TOKEN).saturating_add(output),
+        estimated_tokens: (prompt_chars as u64 / CHARS_PER_TOKEN)
+            .saturating_add(output)
+            .min(gateway::fuzzing::MAX_ESTIMATED_TOKENS),
         body: value,
     })
 }

@@ -46,7 +46,7 @@ pub fn cut(data: &[u8]) -> Option<(u8, Vec<&[u8]>, &[u8])> {
 
 /// The parse stage: body → model, stream, token estimate, and the prompt's
 /// prefix hashes. Re-exported as is, so the target checks the real thing.
-pub use crate::request::InferenceRequest;
+pub use crate::request::{InferenceRequest, MAX_ESTIMATED_TOKENS};
 
 // `sse` ---------------------------------------------------------------------
 

@@ -23,6 +23,10 @@ use crate::error::ApiError;
 /// Characters per token for estimating load before the replica has counted
 /// (a common rule of thumb for English text with BPE tokenizers).
 const CHARS_PER_TOKEN: u64 = 4;
+/// The largest estimate a request gets, far beyond any context window: the
+/// picker sums the estimates of requests in flight per replica, and
+/// estimates a client can make as large as it likes must not wrap that sum.
+pub const MAX_ESTIMATED_TOKENS: u64 = 1 << 32;
 /// Output tokens assumed when a request does not bound its answer.
 const DEFAULT_OUTPUT_TOKENS: u64 = 256;
 
@@ -68,9 +72,11 @@ impl<'a> InferenceRequest<'a> {
         Ok(Self {
             model,
             stream: fields.stream,
-            // Saturating: a client's `max_tokens` may be any u64, and a sum
+            // Bounded: a client's `max_tokens` may be any u64, and a sum
             // that wrapped would make a huge request look nearly free.
-            estimated_tokens: (prompt_chars / CHARS_PER_TOKEN).saturating_add(output),
+            estimated_tokens: (prompt_chars / CHARS_PER_TOKEN)
+                .saturating_add(output)
+                .min(MAX_ESTIMATED_TOKENS),
             prompt,
         })
     }
@@ -434,7 +440,7 @@ mod tests {
             br#"{"model":"m","max_tokens":18446744073709551615,"prompt":"abcdefgh"}"#,
         )
         .unwrap();
-        assert_eq!(r.estimated_tokens, u64::MAX);
+        assert_eq!(r.estimated_tokens, MAX_ESTIMATED_TOKENS);
     }
 
     #[test]
@@ -503,7 +509,9 @@ mod tests {
         Ok((
             model,
             stream,
-            (prompt_chars / CHARS_PER_TOKEN).saturating_add(output),
+            (prompt_chars / CHARS_PER_TOKEN)
+                .saturating_add(output)
+                .min(MAX_ESTIMATED_TOKENS),
         ))
     }
 
