@@ -14,10 +14,16 @@
 
 #![no_main]
 
+use gateway::fuzzing::Cut;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((_, pieces, input)) = gateway::fuzzing::cut(data) else {
+    let Some(Cut {
+        pieces,
+        whole: input,
+        ..
+    }) = gateway::fuzzing::cut(data)
+    else {
         return;
     };
 

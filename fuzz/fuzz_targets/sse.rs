@@ -21,6 +21,7 @@
 
 #![no_main]
 
+use gateway::fuzzing::Cut;
 use gateway::telemetry::response::{ResponseMeter, Usage};
 use libfuzzer_sys::fuzz_target;
 
@@ -29,7 +30,12 @@ use libfuzzer_sys::fuzz_target;
 const KEPT_WHOLE: usize = 1024;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((mode, frames, body)) = gateway::fuzzing::cut(data) else {
+    let Some(Cut {
+        mode,
+        pieces: frames,
+        whole: body,
+    }) = gateway::fuzzing::cut(data)
+    else {
         return;
     };
     let sse = mode & 0x80 == 0;

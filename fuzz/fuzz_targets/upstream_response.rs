@@ -14,6 +14,7 @@
 
 #![no_main]
 
+use gateway::fuzzing::Cut;
 use gateway::fuzzing::Upstream;
 use libfuzzer_sys::fuzz_target;
 
@@ -30,7 +31,7 @@ const HOP_BY_HOP: [&str; 9] = [
 ];
 
 fuzz_target!(|data: &[u8]| {
-    let Some((_, pieces, _)) = gateway::fuzzing::cut(data) else {
+    let Some(Cut { pieces, .. }) = gateway::fuzzing::cut(data) else {
         return;
     };
 

@@ -23,8 +23,7 @@ use crate::telemetry::Metrics;
 /// bits say how many cuts follow; the targets may use its high bits), then
 /// 2 bytes per cut, little-endian, modulo the length of the rest + 1: where
 /// the rest is cut into pieces, so that boundaries can fall anywhere.
-/// Returns the mode byte, the pieces, and the rest whole.
-pub fn cut(data: &[u8]) -> Option<(u8, Vec<&[u8]>, &[u8])> {
+pub fn cut(data: &[u8]) -> Option<Cut<'_>> {
     let (&mode, rest) = data.split_first()?;
     let cut_bytes = (usize::from(mode & 0x0f) * 2).min(rest.len());
     let (cuts, bytes) = rest.split_at(cut_bytes);
@@ -39,7 +38,20 @@ pub fn cut(data: &[u8]) -> Option<(u8, Vec<&[u8]>, &[u8])> {
         pieces.push(&bytes[start..cut]);
         start = cut;
     }
-    Some((mode, pieces, bytes))
+    Some(Cut {
+        mode,
+        pieces,
+        whole: bytes,
+    })
+}
+
+/// An input [`cut`] into pieces.
+pub struct Cut<'a> {
+    /// The first byte; its low 4 bits counted the cuts.
+    pub mode: u8,
+    pub pieces: Vec<&'a [u8]>,
+    /// All the pieces together.
+    pub whole: &'a [u8],
 }
 
 // `request_json` ------------------------------------------------------------
