@@ -2,6 +2,11 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+/// Largest message head accepted, from a client (request line and
+/// headers; the HTTP/2 header list) or from a replica (status line and
+/// headers).
+pub const HEAD_LIMIT: usize = 64 * 1024;
+
 /// The gateway's own header prefix: set by the gateway on responses, read
 /// from clients (priority, fairness key), never forwarded to a replica.
 pub const OWN_PREFIX: &str = "x-infergate-";

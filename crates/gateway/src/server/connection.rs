@@ -40,6 +40,7 @@ use super::{Request, WorkerId};
 use crate::body::ResponseBody;
 use crate::drain::Watch;
 use crate::error::ApiError;
+use crate::headers::HEAD_LIMIT;
 
 /// A kept-alive connection with no request under way for this long is
 /// closed, so that connections clients abandoned do not pile up (nginx's
@@ -50,10 +51,6 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// gone (nginx's `send_timeout`). A client that stops reading would
 /// otherwise hold its replica's request for ever.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Largest request head (request line and headers), and largest HTTP/2
-/// header list. hyper answers a larger HTTP/1.1 head with 431.
-pub const HEAD_LIMIT: usize = 64 * 1024;
 
 /// Most header fields in an HTTP/1.1 request head.
 const MAX_HEADERS: usize = 100;
@@ -138,6 +135,7 @@ pub async fn serve<I, H, F>(
         // also bound keep-alive idle time; the first request's is timed
         // below, later ones by the idle timeout.
         .header_read_timeout(None)
+        // A larger head gets hyper's 431.
         .max_buf_size(HEAD_LIMIT)
         .max_headers(MAX_HEADERS);
     builder

@@ -26,7 +26,7 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use crate::body::ResponseBody;
 use crate::drain::Drain;
 
-pub use connection::{HEAD_LIMIT, Timeouts};
+pub use connection::Timeouts;
 
 /// Index of the worker thread serving a request; selects its upstream
 /// clients.

@@ -57,14 +57,12 @@ use tokio::time::Instant;
 
 use super::{InvalidTarget, Outgoing, Response};
 use crate::body::BoxError;
+use crate::headers::HEAD_LIMIT;
 
 type SendRequest1 = http1::SendRequest<Full<Bytes>>;
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
 type Outbound = http::Request<Full<Bytes>>;
 
-/// Largest response head accepted from a replica (status line and
-/// headers); the same bound as a client's request head.
-pub const HEAD_LIMIT: usize = crate::server::HEAD_LIMIT;
 /// Most header fields in a replica's response head.
 const MAX_HEADERS: usize = 100;
 
