@@ -62,6 +62,17 @@ def test_models_list_has_models_and_adapters(client):
     assert models["sql-lora"].model_extra["parent"] == MODEL
 
 
+def test_models_retrieve_serves_models_and_adapters(client):
+    # A model id with a slash, as Hugging Face names are.
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL
+    adapter = client.models.retrieve("sql-lora")
+    assert adapter.model_extra["parent"] == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-nonexistent")
+    assert err.value.code == "model_not_found"
+
+
 def test_unknown_model_is_a_404_the_sdk_understands(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(

@@ -7,6 +7,7 @@
 //! - [`workload`]: seeded arrivals and request contents.
 //! - [`capacity`]: what 100 % load means for a fleet.
 //! - [`policy`]: the policies compared and the gateway config of each.
+//! - [`flow`]: the gateway's admission queue in a run, on or off.
 //! - [`virtual_fleet`]: the fleet in virtual time (engine model + picker).
 //! - [`live`]: the real gateway over HTTP with a load generator.
 //! - [`stats`]: per-request outcomes and their summary.
@@ -18,6 +19,7 @@
 pub mod agreement;
 pub mod capacity;
 pub mod cli;
+pub mod flow;
 pub mod live;
 pub mod policy;
 pub mod report;

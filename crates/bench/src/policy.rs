@@ -10,10 +10,9 @@ use std::fmt;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use serde::Serialize;
 use serde_json::json;
 
-use crate::virtual_fleet::FlowLimits;
+use crate::flow::{FlowLimits, FlowMode};
 
 /// A policy as named on the command line: `round-robin`, `least-request`,
 /// `random`, `scored` (default weights), or a weight preset such as
@@ -26,28 +25,6 @@ pub struct PolicyUnderTest {
     /// Weight preset of the scored policy.
     preset: Option<String>,
     flow: FlowMode,
-}
-
-/// The gateway's admission queue during a run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FlowMode {
-    /// The gateway's defaults: a saturated pool holds requests for up to
-    /// their band's `maxWait`.
-    #[default]
-    On,
-    /// Every band `maxWait: 0s`: refused at once while the pool is
-    /// saturated, as a gateway without a queue does.
-    Off,
-}
-
-impl FlowMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FlowMode::On => "on",
-            FlowMode::Off => "off",
-        }
-    }
 }
 
 impl PolicyUnderTest {

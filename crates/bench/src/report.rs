@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::stats::{BandSummary, Summary, change_percent};
+use crate::stats::{BandSummary, Outcome, Status, Summary, change_percent};
 
 /// Everything one scenario run produced. Serializes to the `NAME.json`
 /// schema: `scenario`, `mode`, `seed`, `fleet`, `results`.
@@ -64,10 +64,137 @@ pub struct Setup {
     pub requests_per_load: Vec<(f64, usize)>,
     /// Wall-clock seconds of each run, in result order.
     pub wall_seconds: Vec<f64>,
+    /// What each run's figures rest on, in result order.
+    pub runs: Vec<RunDetail>,
     /// Overrides of the scored policies' scheduling config, as JSON.
     pub scheduling: Option<String>,
     /// More setup lines, one bullet each.
     pub notes: Vec<String>,
+}
+
+/// What one run's summary does not say: how many samples each
+/// percentile rests on, and why its errors failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunDetail {
+    /// Requests behind the TTFT percentiles (completed and timed out).
+    pub ttft_samples: u64,
+    /// Requests behind the inter-token percentiles (completed, two tokens
+    /// or more).
+    pub itl_samples: u64,
+    /// Requests behind the end-to-end percentiles (completed and timed
+    /// out).
+    pub e2e_samples: u64,
+    /// Client timeouts before the first token: queued or in prefill for the
+    /// whole timeout.
+    pub timed_out_before_first_token: u64,
+    /// Client timeouts after the first token: the answer was still
+    /// streaming when the timeout came.
+    pub timed_out_mid_answer: u64,
+    /// Error statuses and broken streams.
+    pub failed: u64,
+}
+
+impl RunDetail {
+    /// Counted as [`crate::stats::summarize`] counts them.
+    pub fn of(outcomes: &[Outcome]) -> Self {
+        let mut detail = RunDetail::default();
+        for o in outcomes {
+            match o.status {
+                Status::Completed => {
+                    detail.ttft_samples += u64::from(o.ttft.is_some());
+                    detail.itl_samples += u64::from(o.itl.is_some());
+                    detail.e2e_samples += u64::from(o.e2e.is_some());
+                }
+                Status::TimedOut => {
+                    detail.ttft_samples += 1;
+                    detail.e2e_samples += 1;
+                    if o.ttft.is_some() {
+                        detail.timed_out_mid_answer += 1;
+                    } else {
+                        detail.timed_out_before_first_token += 1;
+                    }
+                }
+                Status::Failed => detail.failed += 1,
+                Status::Rejected => {}
+            }
+        }
+        detail
+    }
+
+    /// For a summary without its outcomes: at most this many samples.
+    fn estimated(summary: &Summary) -> Self {
+        RunDetail {
+            ttft_samples: summary.completed + summary.errors,
+            itl_samples: summary.completed,
+            e2e_samples: summary.completed + summary.errors,
+            ..RunDetail::default()
+        }
+    }
+
+    fn timed_out(&self) -> u64 {
+        self.timed_out_before_first_token + self.timed_out_mid_answer
+    }
+
+    /// "11 client timeouts (7 mid-answer, 4 before the first token) and
+    /// 1 failure".
+    fn errors(&self) -> String {
+        let mut parts = Vec::new();
+        let timed_out = self.timed_out();
+        if timed_out > 0 {
+            let mut causes = Vec::new();
+            if self.timed_out_mid_answer > 0 {
+                causes.push(format!("{} mid-answer", self.timed_out_mid_answer));
+            }
+            if self.timed_out_before_first_token > 0 {
+                causes.push(format!(
+                    "{} before the first token",
+                    self.timed_out_before_first_token
+                ));
+            }
+            parts.push(format!(
+                "{timed_out} client timeout{} ({})",
+                plural(timed_out),
+                causes.join(", ")
+            ));
+        }
+        if self.failed > 0 {
+            parts.push(format!("{} failure{}", self.failed, plural(self.failed)));
+        }
+        parts.join(" and ")
+    }
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+/// A percentile with fewer samples above it than this is marked in the
+/// tables: it is little more than the run's largest value or two, and one
+/// request more or less moves it.
+pub const MIN_SAMPLES_ABOVE: f64 = 5.0;
+
+/// Whether `p` (0..=100) of `samples` values leaves too few above it to
+/// mean much: a p99 needs 500 samples, a p95 100, a p50 10.
+pub fn thin_percentile(samples: u64, p: f64) -> bool {
+    (samples as f64) * (1.0 - p / 100.0) < MIN_SAMPLES_ABOVE
+}
+
+/// Samples a `p` percentile needs not to be thin.
+fn min_samples(p: f64) -> u64 {
+    (MIN_SAMPLES_ABOVE / (1.0 - p / 100.0)).round() as u64
+}
+
+/// The marker of a thin percentile in the tables.
+const THIN: &str = "†";
+
+/// A latency cell: `value`, marked when it rests on too few samples.
+fn ms_cell(value: Option<f64>, samples: u64, p: f64) -> String {
+    let text = ms(value);
+    if value.is_some() && thin_percentile(samples, p) {
+        format!("{text} {THIN}")
+    } else {
+        text
+    }
 }
 
 impl ScenarioReport {
@@ -114,6 +241,21 @@ impl ScenarioReport {
             .find(|r| r.load == load && r.policy == "round-robin")
     }
 
+    /// What result `index` rests on: as counted during the run, else
+    /// estimated from its summary.
+    fn detail(&self, index: usize) -> RunDetail {
+        match (self.setup.runs.get(index), self.results.get(index)) {
+            (Some(detail), _) => *detail,
+            (None, Some(summary)) => RunDetail::estimated(summary),
+            (None, None) => RunDetail::default(),
+        }
+    }
+
+    /// Whether the causes of the errors were counted.
+    fn errors_counted(&self) -> bool {
+        self.setup.runs.len() == self.results.len()
+    }
+
     /// The scenario's section: heading, setup, one table row per policy
     /// and load.
     pub fn markdown(&self) -> String {
@@ -152,7 +294,7 @@ impl ScenarioReport {
             .join(", ");
         let _ = writeln!(
             out,
-            "- Each run: {} ({requests} requests); client timeout {} s.",
+            "- Each run: {} (offered: {requests}); client timeout {} s (simulated).",
             self.setup.length, self.setup.client_timeout
         );
         if let Some(scheduling) = &self.setup.scheduling {
@@ -194,39 +336,113 @@ impl ScenarioReport {
             "| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | ITL p50 | ITL p99 | e2e p50 | e2e p99 | output tok/s | completed | errors | 429s | prefix hits | TTFT p95 vs RR | TTFT p99 vs RR | tok/s vs RR |\n",
         );
         out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        let mut thin = false;
         for load in self.loads() {
-            let base = self.baseline(load);
-            for r in self.results.iter().filter(|r| r.load == load) {
-                let vs = |value: fn(&Summary) -> Option<f64>| match base {
-                    Some(b) if r.policy != b.policy => {
-                        signed_percent(change_percent(value(r), value(b)))
+            let base = self
+                .results
+                .iter()
+                .position(|r| r.load == load && r.policy == "round-robin");
+            for (i, r) in self
+                .results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.load == load)
+            {
+                let d = self.detail(i);
+                let base_ttft = base.map_or(0, |b| self.detail(b).ttft_samples);
+                let vs = |value: fn(&Summary) -> Option<f64>, p: Option<f64>| match base {
+                    Some(b) if b != i => {
+                        let change =
+                            signed_percent(change_percent(value(r), value(&self.results[b])));
+                        let thin = p.is_some_and(|p| {
+                            thin_percentile(d.ttft_samples, p) || thin_percentile(base_ttft, p)
+                        });
+                        if thin && change != "—" {
+                            format!("{change} {THIN}")
+                        } else {
+                            change
+                        }
                     }
                     _ => "—".to_owned(),
                 };
+                let cells = [
+                    ms_cell(r.ttft_p50_ms, d.ttft_samples, 50.0),
+                    ms_cell(r.ttft_p95_ms, d.ttft_samples, 95.0),
+                    ms_cell(r.ttft_p99_ms, d.ttft_samples, 99.0),
+                    ms_cell(r.itl_p50_ms, d.itl_samples, 50.0),
+                    ms_cell(r.itl_p99_ms, d.itl_samples, 99.0),
+                    ms_cell(r.e2e_p50_ms, d.e2e_samples, 50.0),
+                    ms_cell(r.e2e_p99_ms, d.e2e_samples, 99.0),
+                    vs(|s| s.ttft_p95_ms, Some(95.0)),
+                    vs(|s| s.ttft_p99_ms, Some(99.0)),
+                    vs(|s| Some(s.output_tokens_per_s), None),
+                ];
+                thin |= cells.iter().any(|c| c.ends_with(THIN));
                 let _ = writeln!(
                     out,
                     "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {:.1} % | {} | {} | {} |",
                     percent(load),
                     r.policy,
-                    ms(r.ttft_p50_ms),
-                    ms(r.ttft_p95_ms),
-                    ms(r.ttft_p99_ms),
-                    ms(r.itl_p50_ms),
-                    ms(r.itl_p99_ms),
-                    ms(r.e2e_p50_ms),
-                    ms(r.e2e_p99_ms),
+                    cells[0],
+                    cells[1],
+                    cells[2],
+                    cells[3],
+                    cells[4],
+                    cells[5],
+                    cells[6],
                     r.output_tokens_per_s,
                     r.completed,
                     r.errors,
                     r.rejected_429,
                     r.prefix_hit_rate * 100.0,
-                    vs(|s| s.ttft_p95_ms),
-                    vs(|s| s.ttft_p99_ms),
-                    vs(|s| Some(s.output_tokens_per_s)),
+                    cells[7],
+                    cells[8],
+                    cells[9],
                 );
             }
         }
+        out.push('\n');
+        if thin {
+            let _ = writeln!(
+                out,
+                "{THIN} Too few samples for this percentile to mean much: fewer than {MIN_SAMPLES_ABOVE} requests lie above it (a p99 needs {}, a p95 {} requests behind it), so it is close to the run's slowest request and one request more or less moves it; so does a change computed from it. Longer runs (without `--quick`, or with `--requests`) give tails to compare.\n",
+                min_samples(99.0),
+                min_samples(95.0),
+            );
+        }
+        self.errors_note(&mut out);
         out
+    }
+
+    /// Why the runs' errors failed, when there were any.
+    fn errors_note(&self, out: &mut String) {
+        if self.results.iter().all(|r| r.errors == 0) {
+            return;
+        }
+        if !self.errors_counted() {
+            out.push_str("Errors are failed requests and client timeouts together.\n");
+            return;
+        }
+        let runs: Vec<String> = self
+            .results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.errors > 0)
+            .map(|(i, r)| {
+                format!(
+                    "{} at {}: {}",
+                    r.policy,
+                    percent(r.load),
+                    self.detail(i).errors()
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "Errors by cause — {}. A client timeout is a request without its complete answer {} s (simulated) after it was sent: mid-answer, the first token came but the answer was still streaming (a long answer on a slow replica); before the first token, it waited in a queue or in prefill the whole time. Timed-out requests count in the TTFT and e2e percentiles at the timeout. A failure is an error status or a broken stream.",
+            runs.join("; "),
+            self.setup.client_timeout,
+        );
     }
 
     /// Whether the runs compare flow control on and off.
@@ -260,11 +476,18 @@ impl ScenarioReport {
                 bands.push(&b.band);
             }
         }
+        let mut thin = false;
         for band in bands {
             for r in &self.results {
                 let Some(b) = r.bands.iter().find(|b| b.band == band) else {
                     continue;
                 };
+                // TTFT here is of completed requests only.
+                let ttft = [
+                    ms_cell(b.ttft_p50_ms, b.completed, 50.0),
+                    ms_cell(b.ttft_p99_ms, b.completed, 99.0),
+                ];
+                thin |= ttft.iter().any(|c| c.ends_with(THIN));
                 let _ = writeln!(
                     out,
                     "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -272,8 +495,8 @@ impl ScenarioReport {
                     b.band,
                     b.requests,
                     b.completed,
-                    ms(b.ttft_p50_ms),
-                    ms(b.ttft_p99_ms),
+                    ttft[0],
+                    ttft[1],
                     b.refused_saturated,
                     b.refused_queue_full,
                     b.refused_wait_expired,
@@ -284,6 +507,13 @@ impl ScenarioReport {
             }
         }
         out.push('\n');
+        if thin {
+            let _ = writeln!(
+                out,
+                "{THIN} Too few completed requests for this percentile to mean much: fewer than {MIN_SAMPLES_ABOVE} lie above it (a p99 needs {} behind it).\n",
+                min_samples(99.0),
+            );
+        }
         let other: u64 = self
             .results
             .iter()
@@ -453,11 +683,10 @@ impl ScenarioReport {
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
                 (lo.min(*v), hi.max(*v))
             });
-        let (decade_lo, decade_hi) = if values.is_empty() {
-            (0, 1)
+        let axis = if values.is_empty() {
+            LogAxis::new(1.0, 10.0)
         } else {
-            let lo = lo.log10().floor() as i32;
-            (lo, (hi.log10().ceil() as i32).max(lo + 1))
+            LogAxis::new(lo, hi)
         };
         let (load_lo, load_hi) = loads
             .iter()
@@ -477,19 +706,17 @@ impl ScenarioReport {
                 LEFT + PLOT_W / 2.0
             }
         };
-        let y = |ms: f64| {
-            let t = (ms.log10() - f64::from(decade_lo)) / f64::from(decade_hi - decade_lo);
-            TOP + PLOT_H * (1.0 - t)
-        };
+        let y = |ms: f64| TOP + PLOT_H * (1.0 - axis.fraction(ms));
 
         let mut svg = chart_open(&format!(
             "{}: TTFT p95 vs load ({} mode)",
             self.scenario, self.mode
         ));
-        // Horizontal grid at every decade, labelled.
-        for decade in decade_lo..=decade_hi {
-            let ms = 10f64.powi(decade);
-            chart_gridline(&mut svg, y(ms), &axis_ms(ms));
+        for tick in axis.ticks() {
+            match tick.label {
+                Some(label) => chart_gridline(&mut svg, y(tick.ms), &label),
+                None => chart_minor_gridline(&mut svg, y(tick.ms)),
+            }
         }
         for &load in &loads {
             let xx = x(load);
@@ -603,6 +830,117 @@ fn chart_gridline(svg: &mut String, y: f64, label: &str) {
         LEFT - 8.0,
         y + 4.0
     );
+}
+
+/// An unlabelled, fainter grid line across the plot at `y`.
+fn chart_minor_gridline(svg: &mut String, y: f64) {
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#f2f2f2"/>"##,
+        LEFT + PLOT_W
+    );
+}
+
+/// A logarithmic latency axis: bounds at the 1-2-5 steps around the data,
+/// a grid line at every whole multiple of a power of ten between them,
+/// labelled at 1, 2 and 5 (every one when the axis spans a decade or less,
+/// only the powers of ten when it spans more than six).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LogAxis {
+    /// Bounds in milliseconds.
+    lo: f64,
+    hi: f64,
+}
+
+/// One grid line of a [`LogAxis`].
+#[derive(Debug, Clone, PartialEq)]
+struct Tick {
+    ms: f64,
+    label: Option<String>,
+}
+
+/// Relative slack for comparing computed powers of ten.
+const EPSILON: f64 = 1e-9;
+
+impl LogAxis {
+    /// The axis for values from `lo` to `hi` milliseconds (both positive).
+    fn new(lo: f64, hi: f64) -> Self {
+        let (mut lo, mut hi) = (step_at_or_below(lo), step_at_or_above(hi));
+        if hi <= lo * (1.0 + EPSILON) {
+            // A single value on a step: one step either side.
+            lo = step_at_or_below(lo * (1.0 - 1e-6));
+            hi = step_at_or_above(hi * (1.0 + 1e-6));
+        }
+        LogAxis { lo, hi }
+    }
+
+    /// Where `ms` lies between the bounds, 0 at `lo`, 1 at `hi`.
+    fn fraction(&self, ms: f64) -> f64 {
+        (ms / self.lo).log10() / (self.hi / self.lo).log10()
+    }
+
+    fn ticks(&self) -> Vec<Tick> {
+        let decades = (self.hi / self.lo).log10();
+        let labelled: &[u32] = if decades <= 1.0 + EPSILON {
+            &[1, 2, 3, 4, 5, 6, 7, 8, 9]
+        } else if decades <= 6.0 + EPSILON {
+            &[1, 2, 5]
+        } else {
+            &[1]
+        };
+        let first = (self.lo.log10() - EPSILON).floor() as i32;
+        let last = (self.hi.log10() + EPSILON).ceil() as i32;
+        let mut ticks = Vec::new();
+        for exponent in first..=last {
+            for mantissa in 1..=9u32 {
+                let ms = f64::from(mantissa) * 10f64.powi(exponent);
+                if ms < self.lo * (1.0 - EPSILON) || ms > self.hi * (1.0 + EPSILON) {
+                    continue;
+                }
+                let label = labelled
+                    .contains(&mantissa)
+                    .then(|| log_label(mantissa, exponent));
+                ticks.push(Tick { ms, label });
+            }
+        }
+        ticks
+    }
+}
+
+/// The largest 1, 2 or 5 × 10^k at or below `v`.
+fn step_at_or_below(v: f64) -> f64 {
+    let exponent = (v.log10() + EPSILON).floor() as i32;
+    let magnitude = 10f64.powi(exponent);
+    [5.0, 2.0, 1.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|step| *step <= v * (1.0 + EPSILON))
+        .unwrap_or(magnitude / 2.0)
+}
+
+/// The smallest 1, 2 or 5 × 10^k at or above `v`.
+fn step_at_or_above(v: f64) -> f64 {
+    let exponent = (v.log10() - EPSILON).floor() as i32;
+    let magnitude = 10f64.powi(exponent);
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * magnitude)
+        .find(|step| *step >= v * (1.0 - EPSILON))
+        .unwrap_or(10.0 * magnitude)
+}
+
+/// `mantissa × 10^exponent` milliseconds, written exactly: "0.5 ms",
+/// "20 ms", "2 s", "50 s".
+fn log_label(mantissa: u32, exponent: i32) -> String {
+    let m = u64::from(mantissa);
+    if exponent >= 3 {
+        format!("{} s", m * 10u64.pow((exponent - 3) as u32))
+    } else if exponent >= 0 {
+        format!("{} ms", m * 10u64.pow(exponent as u32))
+    } else {
+        let places = (-exponent) as usize;
+        format!("{:.places$} ms", f64::from(mantissa) * 10f64.powi(exponent))
+    }
 }
 
 /// The plot area's border and the two axis titles.
@@ -784,8 +1122,9 @@ pub(crate) mod tests {
         }
     }
 
+    /// Four results, each counted over enough requests for its p99.
     fn report() -> ScenarioReport {
-        report_with(
+        let mut report = report_with(
             "virtual",
             vec![
                 summary("round-robin", 0.5, 200.0),
@@ -793,7 +1132,15 @@ pub(crate) mod tests {
                 summary("round-robin", 1.0, 20_000.0),
                 summary("scored", 1.0, 500.0),
             ],
-        )
+        );
+        let plenty = RunDetail {
+            ttft_samples: 5000,
+            itl_samples: 5000,
+            e2e_samples: 5000,
+            ..RunDetail::default()
+        };
+        report.setup.runs = vec![plenty; 4];
+        report
     }
 
     /// A `uniform` report of `mode` with `results`.
@@ -865,6 +1212,104 @@ pub(crate) mod tests {
             md.contains("| 100 % | round-robin | 10.00 s | 20.00 s |"),
             "{md}"
         );
+        assert!(!md.contains(THIN), "enough samples everywhere: {md}");
+        assert!(!md.contains("Errors by cause"), "no errors: {md}");
+    }
+
+    /// A run of `n` requests: all completed but for `mid` timeouts after
+    /// the first token, `before` timeouts before it and `failed` failures.
+    fn outcomes(n: usize, mid: usize, before: usize, failed: usize) -> Vec<Outcome> {
+        let mut outcomes: Vec<Outcome> = (0..n - mid - before - failed)
+            .map(|i| Outcome::completed(i as f64, 0.1 + i as f64 * 1e-3, 2.0, 20, 100, 0))
+            .collect();
+        outcomes.extend((0..mid).map(|_| Outcome::timed_out(0.0, Some(1.0))));
+        outcomes.extend((0..before).map(|_| Outcome::timed_out(0.0, None)));
+        outcomes.extend((0..failed).map(|_| Outcome::failed(0.0)));
+        outcomes
+    }
+
+    #[test]
+    fn run_details_count_samples_and_causes() {
+        let detail = RunDetail::of(&outcomes(110, 6, 2, 3));
+        assert_eq!(
+            detail,
+            RunDetail {
+                ttft_samples: 99 + 8,
+                itl_samples: 99,
+                e2e_samples: 99 + 8,
+                timed_out_before_first_token: 2,
+                timed_out_mid_answer: 6,
+                failed: 3,
+            }
+        );
+        assert_eq!(
+            detail.errors(),
+            "8 client timeouts (6 mid-answer, 2 before the first token) and 3 failures"
+        );
+        assert_eq!(
+            RunDetail::of(&outcomes(10, 1, 0, 0)).errors(),
+            "1 client timeout (1 mid-answer)"
+        );
+    }
+
+    #[test]
+    fn thin_percentiles_have_fewer_than_five_samples_above() {
+        assert!(thin_percentile(499, 99.0) && !thin_percentile(500, 99.0));
+        assert!(thin_percentile(99, 95.0) && !thin_percentile(100, 95.0));
+        assert!(thin_percentile(9, 50.0) && !thin_percentile(10, 50.0));
+        assert_eq!((min_samples(99.0), min_samples(95.0)), (500, 100));
+    }
+
+    #[test]
+    fn small_runs_are_marked_and_their_errors_explained() {
+        use crate::stats::summarize;
+        // As `--quick` runs: about 110 requests, a few timed out.
+        let runs = [
+            ("round-robin", outcomes(110, 6, 2, 0)),
+            ("scored", outcomes(110, 0, 0, 1)),
+        ];
+        let mut report = report_with(
+            "live",
+            runs.iter()
+                .map(|(policy, o)| summarize(policy, 0.5, o, 20.0))
+                .collect(),
+        );
+        report.setup.client_timeout = 20.0;
+        report.setup.runs = runs.iter().map(|(_, o)| RunDetail::of(o)).collect();
+        let md = report.markdown();
+        let row = md
+            .lines()
+            .find(|l| l.starts_with("| 50 % | round-robin |"))
+            .unwrap();
+        let cells: Vec<&str> = row.split(" | ").collect();
+        // p50 rests on enough requests, p95 (107 behind it) too, p99 not.
+        assert!(!cells[2].contains(THIN), "{row}");
+        assert!(!cells[3].contains(THIN), "{row}");
+        assert!(cells[4].ends_with(THIN), "{row}");
+        let scored = md
+            .lines()
+            .find(|l| l.starts_with("| 50 % | scored |"))
+            .unwrap();
+        // 109 requests behind scored's TTFT: its p99, and the change of
+        // the p99 against round-robin, are marked.
+        assert!(scored.contains(&format!(" {THIN} | ")), "{scored}");
+        assert!(md.contains("a p99 needs 500"), "{md}");
+        assert!(
+            md.contains(
+                "Errors by cause — round-robin at 50 %: 8 client timeouts (6 mid-answer, 2 before the first token); scored at 50 %: 1 failure."
+            ),
+            "{md}"
+        );
+        assert!(md.contains("20 s (simulated) after it was sent"), "{md}");
+
+        // Without the runs' details the errors are not split.
+        report.setup.runs.clear();
+        let md = report.markdown();
+        assert!(!md.contains("Errors by cause"), "{md}");
+        assert!(
+            md.contains("failed requests and client timeouts together"),
+            "{md}"
+        );
     }
 
     #[test]
@@ -874,8 +1319,66 @@ pub(crate) mod tests {
         assert!(svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert_eq!(svg.matches("<circle").count(), 4);
-        // Decades from 100 ms to 100 s are labelled.
-        assert!(svg.contains(">100 ms<") && svg.contains(">100 s<"), "{svg}");
+        // p95 from 100 ms to 20 s: labelled in 1-2-5 steps, no further.
+        for label in [
+            "100 ms", "200 ms", "500 ms", "1 s", "2 s", "5 s", "10 s", "20 s",
+        ] {
+            assert!(svg.contains(&format!(">{label}<")), "{label}: {svg}");
+        }
+        assert!(!svg.contains(">50 s<") && !svg.contains(">50 ms<"), "{svg}");
+        // A faint line at the other whole multiples: 300, 400, 600, 700,
+        // 800 and 900 ms, and 3 ... 9 s; 30 s and above are off the axis.
+        assert_eq!(svg.matches(r##"stroke="#f2f2f2""##).count(), 6 * 2);
+    }
+
+    #[test]
+    fn log_axes_are_readable_at_any_span() {
+        let labels = |axis: LogAxis| -> Vec<String> {
+            axis.ticks().into_iter().filter_map(|t| t.label).collect()
+        };
+        // A quick run's p95s, 3.6 s to 7.7 s: within a decade, every
+        // second is labelled.
+        let narrow = LogAxis::new(3_630.0, 7_710.0);
+        assert_eq!(
+            narrow,
+            LogAxis {
+                lo: 2_000.0,
+                hi: 10_000.0
+            }
+        );
+        assert_eq!(
+            labels(narrow),
+            [
+                "2 s", "3 s", "4 s", "5 s", "6 s", "7 s", "8 s", "9 s", "10 s"
+            ]
+        );
+        assert!((narrow.fraction(2_000.0)).abs() < 1e-12);
+        assert!((narrow.fraction(10_000.0) - 1.0).abs() < 1e-12);
+        // Milliseconds to seconds: 1-2-5.
+        assert_eq!(
+            labels(LogAxis::new(0.4, 1_500.0)),
+            [
+                "0.2 ms", "0.5 ms", "1 ms", "2 ms", "5 ms", "10 ms", "20 ms", "50 ms", "100 ms",
+                "200 ms", "500 ms", "1 s", "2 s"
+            ]
+        );
+        // Eight decades: only the powers of ten.
+        assert_eq!(
+            labels(LogAxis::new(0.1, 10_000_000.0)),
+            [
+                "0.1 ms", "1 ms", "10 ms", "100 ms", "1 s", "10 s", "100 s", "1000 s", "10000 s"
+            ]
+        );
+        // One value on a step: a step either side.
+        assert_eq!(
+            LogAxis::new(200.0, 200.0),
+            LogAxis {
+                lo: 100.0,
+                hi: 500.0
+            }
+        );
+        assert_eq!(log_label(5, -1), "0.5 ms");
+        assert_eq!(log_label(2, 4), "20 s");
     }
 
     #[test]
@@ -899,7 +1402,7 @@ pub(crate) mod tests {
     }
 
     fn flow_report() -> ScenarioReport {
-        use crate::policy::FlowMode;
+        use crate::flow::FlowMode;
         use crate::stats::{Outcome, Refusal, band_summaries};
         use config::Priority;
         let run = |flow: FlowMode, refusal: Refusal, ttft: f64| {
@@ -937,7 +1440,7 @@ pub(crate) mod tests {
         assert!(md.contains("| flow control | band | requests |"), "{md}");
         // On and off next to each other, per band.
         assert!(
-            md.contains("| on | critical | 1 | 1 | 800 ms | 800 ms | 0 | 0 | 0 | 0 | 500 ms | 500 ms |\n| off | critical |"),
+            md.contains("| on | critical | 1 | 1 | 800 ms † | 800 ms † | 0 | 0 | 0 | 0 | 500 ms | 500 ms |\n| off | critical |"),
             "{md}"
         );
         assert!(
@@ -951,6 +1454,7 @@ pub(crate) mod tests {
             "{md}"
         );
         assert!(md.contains("1 refusals gave no known"), "{md}");
+        assert!(md.contains("† Too few completed requests"), "{md}");
         let svg = report.svg();
         assert!(svg.contains("TTFT p99 per band"), "{svg}");
         // A bar per band and run that completed anything, plus the legend.

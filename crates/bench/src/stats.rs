@@ -23,7 +23,7 @@ use config::Priority;
 use gateway::DropReason;
 use serde::Serialize;
 
-use crate::policy::FlowMode;
+use crate::flow::FlowMode;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

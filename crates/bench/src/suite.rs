@@ -10,9 +10,10 @@ use std::time::Instant;
 use anyhow::bail;
 
 use crate::capacity::{self, Calibration, FleetCapacity};
+use crate::flow::FlowMode;
 use crate::live::{self, GatewayLauncher, LiveOptions};
-use crate::policy::{self, FlowMode, PolicyUnderTest, PoolDocument};
-use crate::report::{FleetReport, ReplicaCapacityReport, ScenarioReport, Setup};
+use crate::policy::{self, PolicyUnderTest, PoolDocument};
+use crate::report::{FleetReport, ReplicaCapacityReport, RunDetail, ScenarioReport, Setup};
 use crate::scenario::{self as scenarios, Compare, RunLength, Scenario, Size};
 use crate::stats::{self, Outcome, Summary};
 use crate::virtual_fleet::{self, Prepared, VirtualFleet, VirtualOptions};
@@ -291,11 +292,13 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             if scenario.compare == Compare::FlowControl {
                 summary.flow_control = Some(policy.flow());
             }
+            let detail = RunDetail::of(&outcomes);
             eprintln!(
                 "{}",
-                progress_line(scenario.name, &summary, outcomes.len(), wall)
+                progress_line(scenario.name, &summary, &detail, outcomes.len(), wall)
             );
             setup.wall_seconds.push(wall);
+            setup.runs.push(detail);
             results.push(summary);
         }
         setup
@@ -444,17 +447,31 @@ fn notes(scenario: &Scenario) -> Vec<String> {
     notes
 }
 
-fn progress_line(scenario: &str, s: &Summary, requests: usize, wall: f64) -> String {
+fn progress_line(
+    scenario: &str,
+    s: &Summary,
+    detail: &RunDetail,
+    requests: usize,
+    wall: f64,
+) -> String {
     let policy = match s.flow_control {
         Some(flow) => format!("{}, flow {}", s.policy, flow.as_str()),
         None => s.policy.clone(),
     };
+    let timed_out = detail.timed_out_before_first_token + detail.timed_out_mid_answer;
+    let errors = if s.errors == 0 {
+        "0".to_owned()
+    } else {
+        format!(
+            "{} ({timed_out} client timeouts, {} failed)",
+            s.errors, detail.failed
+        )
+    };
     let mut line = format!(
-        "[{scenario}] load {:>3.0} % {policy:<16} {requests:>7} requests in {wall:>6.1} s wall: TTFT p95 {}, completed {}, errors {}, 429s {}",
+        "[{scenario}] load {:>3.0} % {policy:<16} {requests:>7} requests in {wall:>6.1} s wall: TTFT p95 {}, completed {}, errors {errors}, 429s {}",
         s.load * 100.0,
         crate::report::ms(s.ttft_p95_ms),
         s.completed,
-        s.errors,
         s.rejected_429,
     );
     for band in &s.bands {

@@ -6,7 +6,7 @@
 //! - **Replicas**: one [`Engine`] each, configured exactly as a simulated
 //!   replica with the same spec (per-token events off: first token and
 //!   completion are enough for every reported figure).
-//! - **Picking**: the gateway's own [`picker::Pool`], given the picker
+//! - **Picking**: the gateway's own [`picker::Picker`], given the picker
 //!   config the gateway derives from the same config document, a clock
 //!   that is a fixed `Instant` plus the virtual time, and a seeded RNG for
 //!   ties. The load guard of each request is held until its engine reports
@@ -16,10 +16,11 @@
 //!   way the vLLM dialect reads `/metrics`; the picker sees it
 //!   `scrape_delay` later and keeps it until the next one.
 //! - **Flow control**: when the picker finds every replica saturated, the
-//!   request waits in a FIFO line and is dispatched as soon as a replica has
-//!   room (new signals or a finished request), or refused with 429 when
-//!   its wait expires or the line is full: the gateway's defaults for one
-//!   priority band and one fairness key.
+//!   request waits in the gateway's own queue ([`picker::flow::Queue`]) and
+//!   is dispatched as soon as a replica has room (new signals or a finished
+//!   request), or refused with 429 when its wait expires or the queue is
+//!   full: the gateway's defaults for one priority band and one fairness
+//!   key, so first come first served.
 //! - **Clients**: abort a request that has not completed within the client
 //!   timeout.
 //!
@@ -31,6 +32,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use picker::flow::{Priority, Queue};
 use picker::{
     Endpoint, EngineState, LoadGuard, Observation, PickError, PickRequest, PickerConfig,
     PrefixConfig,
@@ -39,6 +41,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use sim::engine::{Engine, EngineConfig, EngineEvent, EngineStats, FinishReason, SimRequest};
 
+use crate::flow::FlowLimits;
 use crate::stats::Outcome;
 use crate::workload::RequestPlan;
 
@@ -56,14 +59,6 @@ pub struct VirtualOptions {
     pub flow_control: Option<FlowLimits>,
     /// Seeds the picker's tie-breaking.
     pub seed: u64,
-}
-
-/// The admission queue's bounds for the requests' band.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FlowLimits {
-    pub max_wait: f64,
-    pub max_queued: usize,
-    pub max_queued_bytes: u64,
 }
 
 /// A request with everything the gateway and the engine derive from its
@@ -143,14 +138,14 @@ enum Kind {
     Publish,
     /// A scrape takes its snapshot.
     Scrape,
-    /// A queued request's wait expires.
+    /// A queued request's wait expires; the target is its queue entry.
     QueueExpiry,
     /// A client gives up.
     ClientTimeout,
 }
 
 /// A heap entry: time (as ordered bits of a non-negative f64), kind, and
-/// the replica or request it concerns.
+/// the replica, request or queue entry it concerns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Event {
     at: u64,
@@ -182,9 +177,8 @@ struct InFlight {
     load: LoadGuard,
 }
 
-struct Queued {
-    request: Prepared,
-}
+/// The band every request waits in: the one [`FlowLimits`] describes.
+const BAND: Priority = Priority::Standard;
 
 /// Run `requests` (in arrival order, ids 0, 1, 2, ...) through the fleet
 /// under `picker`; returns one outcome per request, in id order.
@@ -206,7 +200,7 @@ struct Simulation<'a> {
     /// that engine are stale and skipped.
     scheduled: Vec<Option<f64>>,
     endpoints: Vec<Arc<Endpoint>>,
-    pool: picker::Pool,
+    pool: picker::Picker,
     scrapes: bool,
     /// Snapshots taken and not yet visible.
     unpublished: Vec<Option<EngineState>>,
@@ -219,8 +213,9 @@ struct Simulation<'a> {
     expiries: VecDeque<Event>,
     timeouts: VecDeque<Event>,
     in_flight: HashMap<u64, InFlight>,
-    line: VecDeque<Queued>,
-    line_bytes: u64,
+    line: Queue<Prepared>,
+    /// The one fairness key: requests carry no fairness id.
+    line_key: Arc<str>,
     outcomes: Vec<Outcome>,
     /// Stands for virtual time 0 on the picker's clock.
     epoch: Instant,
@@ -250,7 +245,7 @@ impl<'a> Simulation<'a> {
         Simulation {
             options,
             scheduled: vec![None; n],
-            pool: picker::Pool::new(picker, endpoints.clone()),
+            pool: picker::Picker::new(picker, endpoints.clone()),
             endpoints,
             engines,
             scrapes,
@@ -259,8 +254,8 @@ impl<'a> Simulation<'a> {
             expiries: VecDeque::new(),
             timeouts: VecDeque::new(),
             in_flight: HashMap::new(),
-            line: VecDeque::new(),
-            line_bytes: 0,
+            line: Queue::default(),
+            line_key: Arc::from(""),
             outcomes: Vec::new(),
             epoch: Instant::now(),
             rng: SmallRng::seed_from_u64(options.seed),
@@ -370,11 +365,9 @@ impl<'a> Simulation<'a> {
                 );
             }
             Kind::QueueExpiry => {
-                if let Some(position) = self.line.iter().position(|q| q.request.id == event.target)
-                {
-                    let queued = self.line.remove(position).expect("found");
-                    self.line_bytes -= queued.request.body_bytes;
-                    self.outcomes[event.target as usize] = Outcome::rejected(queued.request.at);
+                if let Some(entry) = self.line.remove(BAND, &self.line_key, event.target) {
+                    let request = entry.item;
+                    self.outcomes[request.id as usize] = Outcome::rejected(request.at);
                 }
             }
             Kind::ClientTimeout => {
@@ -459,26 +452,26 @@ impl<'a> Simulation<'a> {
             .options
             .flow_control
             .expect("only queued with flow control");
-        if self.line.len() >= limits.max_queued
-            || self.line_bytes + request.body_bytes > limits.max_queued_bytes
+        if self.line.len(BAND) >= limits.max_queued
+            || self.line.bytes(BAND) + request.body_bytes > limits.max_queued_bytes
         {
             self.outcomes[request.id as usize] = Outcome::rejected(request.at);
             return;
         }
-        self.line_bytes += request.body_bytes;
-        self.push(request.at + limits.max_wait, Kind::QueueExpiry, request.id);
-        self.line.push_back(Queued { request });
+        let expires = request.at + limits.max_wait;
+        let key = Arc::clone(&self.line_key);
+        let entry = self.line.push(BAND, key, request.body_bytes, request);
+        self.push(expires, Kind::QueueExpiry, entry);
     }
 
     /// Hand waiting requests to replicas while the picker finds room.
     fn dispatch_line(&mut self, at: f64) {
         let now = self.clock(at);
-        while let Some(head) = self.line.front() {
-            match pick(&self.pool, &mut self.rng, now, &head.request) {
+        while let Some((_, head)) = self.line.head() {
+            match pick(&self.pool, &mut self.rng, now, &head.item) {
                 Ok(decision) => {
-                    let queued = self.line.pop_front().expect("head exists");
-                    self.line_bytes -= queued.request.body_bytes;
-                    self.dispatch(queued.request, decision, at);
+                    let entry = self.line.pop_head().expect("head exists");
+                    self.dispatch(entry.item, decision, at);
                 }
                 Err(_) => return,
             }
@@ -562,7 +555,7 @@ impl<'a> Simulation<'a> {
 }
 
 fn pick(
-    pool: &picker::Pool,
+    pool: &picker::Picker,
     rng: &mut SmallRng,
     now: Instant,
     request: &Prepared,
@@ -602,8 +595,10 @@ mod tests {
             started_unix: 1_700_000_000.0,
         };
         let mut exporter = sim::metrics::Exporter::new(sim::Dialect::Vllm, identity.clone());
-        let requests =
-            sim::metrics::RequestTracker::new(sim::Dialect::Vllm.latency_buckets(), 131_072);
+        let requests = sim::metrics::RequestTracker::new(
+            sim::metrics::latency_buckets(sim::Dialect::Vllm),
+            131_072,
+        );
         let text = exporter.render(&stats, requests.totals(), 1_700_000_100.0);
         let parsed = signals::Dialect::Vllm.extract(&text).unwrap();
         assert_eq!(parsed, scraped_state(&stats));

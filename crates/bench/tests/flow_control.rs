@@ -3,8 +3,8 @@
 //! Asserts the structure of the results and what flow control is for, not
 //! how fast anything is.
 
+use bench::flow::FlowMode;
 use bench::live::GatewayLauncher;
-use bench::policy::FlowMode;
 use bench::scenario::Size;
 use bench::suite::{self, Mode, SuiteOptions};
 

@@ -1,10 +1,18 @@
 //! The gateway's configuration: the `InferenceGatewayConfig` document, its
 //! defaults, and validation that reports every problem with its path.
+//!
+//! Modules depend one way: `defaults` ← `schema` ← `validate` ← `load`;
+//! `load` reads documents through `read` (YAML into any type, noting every
+//! structural problem), and `read`, `validate` and `load` all report
+//! through the leaf `problem`.
 
 pub mod defaults;
 mod load;
+mod problem;
+mod read;
 pub mod schema;
 mod validate;
 
-pub use load::{ConfigError, Problem, from_yaml, load_file, validated};
+pub use load::{from_yaml, from_yaml_with, load_file, load_file_with, validated};
+pub use problem::{ConfigError, Problem, Unreadable};
 pub use schema::*;

@@ -1,74 +1,56 @@
-//! Reading a document: YAML → typed config → validated config.
+//! Reading a document: YAML → typed config → validated config, with every
+//! problem of every step reported at once.
 
-use std::fmt;
 use std::path::Path;
 
+use crate::problem::{ConfigError, Problem, Unreadable};
 use crate::schema::InferenceGatewayConfig;
 
-/// One thing wrong with a config, at a path like `spec.pools[1].endpoints[0]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
-    Invalid(Vec<Problem>),
-}
-
-impl ConfigError {
-    pub fn problems(&self) -> &[Problem] {
-        match self {
-            ConfigError::Invalid(p) => p,
-            ConfigError::Read { .. } => &[],
-        }
-    }
-}
-
 pub fn load_file(path: &Path) -> Result<InferenceGatewayConfig, ConfigError> {
+    load_file_with(path, |_, _| Vec::new())
+}
+
+/// [`load_file`], with checks the config crate cannot make itself (for
+/// example whether the simulator can start a pool's replicas) run on the
+/// document as well.
+pub fn load_file_with(
+    path: &Path,
+    more: impl FnOnce(&InferenceGatewayConfig, &Unreadable) -> Vec<Problem>,
+) -> Result<InferenceGatewayConfig, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    from_yaml(&text)
+    from_yaml_with(&text, more)
 }
 
-/// Parse and validate. A document that does not fit the schema stops at the
-/// first structural error (nothing after it can be trusted); a document that
-/// fits is checked as a whole and every problem is reported.
+/// Parse and validate. Every problem is reported: every unknown field,
+/// every value of the wrong type and every missing field, then the checks
+/// of the document as a whole on everything that could be read.
 pub fn from_yaml(text: &str) -> Result<InferenceGatewayConfig, ConfigError> {
-    let de = serde_yaml_ng::Deserializer::from_str(text);
-    let config: InferenceGatewayConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        ConfigError::Invalid(vec![Problem {
-            path,
-            message: without_path_prefix(&e.into_inner().to_string()).to_owned(),
-        }])
-    })?;
-    validated(config)
+    from_yaml_with(text, |_, _| Vec::new())
 }
 
-/// Check a config built or changed in code.
-pub fn validated(config: InferenceGatewayConfig) -> Result<InferenceGatewayConfig, ConfigError> {
-    let problems = crate::validate::validate(&config);
+/// [`from_yaml`], with the checks of `more` too. A value that could not be
+/// read is reported once: no check reports what is at or under its path,
+/// and `more` is told which values those are, to leave alone what depends
+/// on them.
+pub fn from_yaml_with(
+    text: &str,
+    more: impl FnOnce(&InferenceGatewayConfig, &Unreadable) -> Vec<Problem>,
+) -> Result<InferenceGatewayConfig, ConfigError> {
+    let read = crate::read::read::<InferenceGatewayConfig>(text);
+    let mut problems = read.problems;
+    let Some(config) = read.value else {
+        return Err(ConfigError::Invalid(problems));
+    };
+    let mut checked = crate::validate::validate(&config, &read.unreadable);
+    checked.extend(more(&config, &read.unreadable));
+    problems.extend(
+        checked
+            .into_iter()
+            .filter(|p| !read.unreadable.covers(&p.path)),
+    );
     if problems.is_empty() {
         Ok(config)
     } else {
@@ -76,11 +58,12 @@ pub fn validated(config: InferenceGatewayConfig) -> Result<InferenceGatewayConfi
     }
 }
 
-/// The YAML library puts its own (shorter) path in front of its messages;
-/// we report the full path separately.
-fn without_path_prefix(message: &str) -> &str {
-    match message.split_once(": ") {
-        Some((head, rest)) if !head.contains(char::is_whitespace) => rest,
-        _ => message,
+/// Check a config built or changed in code.
+pub fn validated(config: InferenceGatewayConfig) -> Result<InferenceGatewayConfig, ConfigError> {
+    let problems = crate::validate::validate(&config, &Unreadable::default());
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(problems))
     }
 }

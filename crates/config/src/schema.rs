@@ -5,9 +5,15 @@
 //! user may leave out are `Option`s here; their defaults live in
 //! [`crate::defaults`] and the accessors below, nowhere else.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+// Defined by the crates that act on them, with the same YAML names.
+pub use picker::flow::Priority;
+pub use picker::{Fallback, Policy};
+use signals::Dialect;
 
 use crate::defaults;
 
@@ -21,11 +27,52 @@ pub struct InferenceGatewayConfig {
     pub spec: Spec,
 }
 
+/// Kubernetes object metadata, so the document can be applied as a custom
+/// resource (and read back from a cluster). Only `name` is used, in logs.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Metadata {
     #[serde(default)]
     pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    // Set by the API server or by controllers, never by the author.
+    #[serde(default, skip_serializing)]
+    pub uid: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub resource_version: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub generation: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub creation_timestamp: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub deletion_timestamp: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub deletion_grace_period_seconds: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub managed_fields: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub self_link: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub owner_references: ServerSet,
+    #[serde(default, skip_serializing)]
+    pub finalizers: ServerSet,
+}
+
+/// An object-metadata field a Kubernetes API server or controller sets
+/// (`uid`, `resourceVersion`, `managedFields`, ...): any value is accepted
+/// and ignored, so a document read back from a cluster checks as written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerSet;
+
+impl<'de> Deserialize<'de> for ServerSet {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(deserializer).map(|_| ServerSet)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -45,7 +92,7 @@ pub struct Spec {
     /// Priority band of each model's requests (model or adapter name →
     /// band); models not listed are `standard`.
     #[serde(default)]
-    pub objectives: std::collections::BTreeMap<String, Priority>,
+    pub objectives: BTreeMap<String, Priority>,
     #[serde(default)]
     pub flow_control: FlowControl,
     #[serde(default)]
@@ -53,38 +100,6 @@ pub struct Spec {
     #[serde(default)]
     pub forwarding: Forwarding,
     pub pools: Vec<Pool>,
-}
-
-/// A request's priority band under saturation.
-#[derive(
-    Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Priority {
-    /// Waits longest, is dispatched first, never dropped for lower bands.
-    Critical,
-    #[default]
-    Standard,
-    /// Refused at once when its pool is saturated.
-    Sheddable,
-}
-
-impl Priority {
-    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Standard => "standard",
-            Priority::Sheddable => "sheddable",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
-    }
 }
 
 /// Queueing in the gateway when a pool is saturated.
@@ -327,6 +342,8 @@ pub struct AccessLog {
     pub format: Option<LogFormat>,
 }
 
+/// The format of the access log here, and of the process's logs on the
+/// command line (`--log-format`).
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -335,6 +352,29 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+impl LogFormat {
+    pub const ALL: [LogFormat; 2] = [LogFormat::Text, LogFormat::Json];
+
+    /// The name in the config and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.as_str() == s)
+            .ok_or_else(|| format!("unknown log format {s:?} (expected text or json)"))
+    }
 }
 
 /// An OpenTelemetry collector reached over OTLP/HTTP with protobuf bodies.
@@ -378,34 +418,6 @@ impl Otlp {
     }
 }
 
-/// The metrics dialect a pool's replicas speak.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Engine {
-    #[default]
-    Vllm,
-    Sglang,
-    Tgi,
-    Trtllm,
-    Triton,
-    Llamacpp,
-    None,
-}
-
-impl Engine {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Engine::Vllm => "vllm",
-            Engine::Sglang => "sglang",
-            Engine::Tgi => "tgi",
-            Engine::Trtllm => "trtllm",
-            Engine::Triton => "triton",
-            Engine::Llamacpp => "llamacpp",
-            Engine::None => "none",
-        }
-    }
-}
-
 /// HTTP version spoken to a pool's replicas.
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -420,8 +432,9 @@ pub enum Protocol {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pool {
     pub name: String,
+    /// The metrics dialect the pool's replicas speak.
     #[serde(default)]
-    pub engine: Engine,
+    pub engine: Dialect,
     /// Model names clients may put in `model`; the first is the base model.
     pub models: Vec<String>,
     /// LoRA adapters served by this pool's replicas.
@@ -445,7 +458,7 @@ impl Pool {
     pub fn policy(&self) -> Policy {
         match (self.scheduling.policy, self.engine) {
             (Some(policy), _) => policy,
-            (None, Engine::None) => Policy::LeastRequest,
+            (None, Dialect::None) => Policy::LeastRequest,
             (None, _) => Policy::Scored,
         }
     }
@@ -488,23 +501,6 @@ impl Retry {
     pub fn max_retries(&self) -> u32 {
         self.max_retries.unwrap_or(defaults::MAX_RETRIES)
     }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Policy {
-    Scored,
-    RoundRobin,
-    LeastRequest,
-    Random,
-}
-
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fallback {
-    #[default]
-    LeastRequest,
-    Refuse,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]

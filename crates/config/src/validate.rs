@@ -1,15 +1,17 @@
 //! Whole-document checks that the schema alone cannot express. Every
-//! problem is collected, each with the path a user would look for.
+//! problem is collected, each with the path a user would look for. A check
+//! that compares a value with another one that could not be read (and was
+//! reported as such) is left out: it would compare with a placeholder.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::defaults;
-use crate::load::Problem;
-use crate::schema::{Engine, InferenceGatewayConfig, Policy, Pool, Telemetry};
+use picker::Weights;
+use signals::Dialect;
 
-/// Weight presets the picker knows.
-pub const PRESETS: &[&str] = &["default", "latency", "throughput"];
+use crate::defaults;
+use crate::problem::{Problem, Unreadable};
+use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
 
 struct Problems(Vec<Problem>);
 
@@ -22,7 +24,7 @@ impl Problems {
     }
 }
 
-pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
+pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
     if config.api_version != defaults::API_VERSION {
         p.add(
@@ -86,6 +88,7 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
         .limits
         .max_buffered_body_bytes
         .is_some_and(|b| b < spec.limits.max_body_bytes())
+        && unreadable.was_read("spec.limits.maxBodyBytes")
     {
         p.add(
             "spec.limits.maxBufferedBodyBytes",
@@ -174,11 +177,16 @@ pub fn validate(config: &InferenceGatewayConfig) -> Vec<Problem> {
                 served.insert(name, name_path);
             }
         }
-        check_replicas(&mut p, &path, pool);
-        check_scheduling(&mut p, &path, pool);
+        check_replicas(&mut p, &path, pool, unreadable);
+        check_scheduling(&mut p, &path, pool, unreadable);
     }
+    let every_name_read = !unreadable.covers("spec.pools")
+        && (0..spec.pools.len()).all(|i| {
+            unreadable.was_read(&format!("spec.pools[{i}].models"))
+                && unreadable.was_read(&format!("spec.pools[{i}].adapters"))
+        });
     for model in spec.objectives.keys() {
-        if !served.contains_key(model.as_str()) {
+        if every_name_read && !served.contains_key(model.as_str()) {
             p.add(
                 format!("spec.objectives[{model:?}]"),
                 "no pool serves this model or adapter",
@@ -251,10 +259,10 @@ fn check_bind_address(
     }
 }
 
-fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
+fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unreadable) {
     match (&pool.simulated, pool.endpoints.is_empty()) {
         (Some(_), false) => p.add(path, "give either endpoints or simulated, not both"),
-        (None, true) => p.add(
+        (None, true) if unreadable.was_read(&format!("{path}.simulated")) => p.add(
             format!("{path}.endpoints"),
             "at least one endpoint is required (or use simulated)",
         ),
@@ -294,7 +302,7 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
                 "simulated replicas serve one model name; list only one",
             );
         }
-        if pool.engine != Engine::Vllm {
+        if pool.engine != Dialect::Vllm {
             p.add(
                 format!("{path}.engine"),
                 "simulated replicas speak the vllm metrics dialect",
@@ -303,21 +311,21 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool) {
     }
 }
 
-fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
+fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unreadable) {
     let s = &pool.scheduling;
     let sp = format!("{path}.scheduling");
-    if pool.engine == Engine::None && s.policy == Some(Policy::Scored) {
+    if pool.engine == Dialect::None && s.policy == Some(Policy::Scored) {
         p.add(
             format!("{sp}.policy"),
             "scored needs engine metrics; with engine: none use least-request, round-robin or random",
         );
     }
     if let Some(preset) = &s.preset
-        && !PRESETS.contains(&preset.as_str())
+        && Weights::preset(preset).is_none()
     {
         p.add(
             format!("{sp}.preset"),
-            format!("{preset:?} is not one of {}", PRESETS.join(", ")),
+            format!("{preset:?} is not one of {}", Weights::PRESETS.join(", ")),
         );
     }
     if let Some(w) = &s.weights {
@@ -354,6 +362,7 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool) {
     }
     if let Some(stale) = m.stale_after
         && stale <= m.interval()
+        && unreadable.was_read(&format!("{sp}.metrics.interval"))
     {
         p.add(
             format!("{sp}.metrics.staleAfter"),
@@ -404,47 +413,5 @@ mod telemetry_tests {
         ] {
             assert!(check_collector_url(bad).is_err(), "{bad}");
         }
-    }
-
-    fn with_telemetry(telemetry: &str) -> String {
-        format!(
-            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:8080\"}}\n  telemetry: {telemetry}\n  pools:\n    - {{name: a, models: [m], endpoints: [\"127.0.0.1:1\"]}}\n"
-        )
-    }
-
-    #[test]
-    fn telemetry_fields_and_defaults() {
-        let c = crate::from_yaml(&with_telemetry(
-            "{accessLog: {format: json}, otlp: {endpoint: \"http://127.0.0.1:4318\"}}",
-        ))
-        .unwrap();
-        let t = &c.spec.telemetry;
-        assert_eq!(t.access_log.format, Some(crate::LogFormat::Json));
-        let otlp = t.otlp.as_ref().unwrap();
-        assert_eq!(otlp.traces_url(), "http://127.0.0.1:4318/v1/traces");
-        assert_eq!(otlp.service_name(), defaults::OTLP_SERVICE_NAME);
-        assert_eq!(otlp.sample_ratio(), defaults::OTLP_SAMPLE_RATIO);
-        assert_eq!(otlp.timeout(), defaults::OTLP_TIMEOUT);
-
-        let plain = crate::from_yaml(&with_telemetry("{}")).unwrap();
-        assert_eq!(plain.spec.telemetry, Telemetry::default());
-    }
-
-    #[test]
-    fn bad_telemetry_is_reported_with_paths() {
-        let err = crate::from_yaml(&with_telemetry(
-            "{otlp: {endpoint: \"collector:4318\", serviceName: \"\", sampleRatio: 1.5, timeout: 0s}}",
-        ))
-        .unwrap_err();
-        let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                "spec.telemetry.otlp.endpoint",
-                "spec.telemetry.otlp.serviceName",
-                "spec.telemetry.otlp.sampleRatio",
-                "spec.telemetry.otlp.timeout",
-            ]
-        );
     }
 }

@@ -1,6 +1,6 @@
 //! Parsing and validation of whole documents, as `infergate check` sees them.
 
-use config::{ConfigError, Policy, from_yaml};
+use config::{ConfigError, Policy, defaults, from_yaml};
 
 const EXAMPLES: &[&str] = &[
     include_str!("../../../examples/static.yaml"),
@@ -136,4 +136,234 @@ fn type_errors_name_the_field() {
 #[test]
 fn not_yaml_is_refused() {
     assert!(matches!(from_yaml("{{{"), Err(ConfigError::Invalid(_))));
+}
+
+fn with_telemetry(telemetry: &str) -> String {
+    format!(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:8080\"}}\n  telemetry: {telemetry}\n  pools:\n    - {{name: a, models: [m], endpoints: [\"127.0.0.1:1\"]}}\n"
+    )
+}
+
+#[test]
+fn telemetry_fields_and_defaults() {
+    let c = from_yaml(&with_telemetry(
+        "{accessLog: {format: json}, otlp: {endpoint: \"http://127.0.0.1:4318\"}}",
+    ))
+    .unwrap();
+    let t = &c.spec.telemetry;
+    assert_eq!(t.access_log.format, Some(config::LogFormat::Json));
+    let otlp = t.otlp.as_ref().unwrap();
+    assert_eq!(otlp.traces_url(), "http://127.0.0.1:4318/v1/traces");
+    assert_eq!(otlp.service_name(), defaults::OTLP_SERVICE_NAME);
+    assert_eq!(otlp.sample_ratio(), defaults::OTLP_SAMPLE_RATIO);
+    assert_eq!(otlp.timeout(), defaults::OTLP_TIMEOUT);
+
+    let plain = from_yaml(&with_telemetry("{}")).unwrap();
+    assert_eq!(plain.spec.telemetry, config::Telemetry::default());
+}
+
+#[test]
+fn bad_telemetry_is_reported_with_paths() {
+    let err = from_yaml(&with_telemetry(
+        "{otlp: {endpoint: \"collector:4318\", serviceName: \"\", sampleRatio: 1.5, timeout: 0s}}",
+    ))
+    .unwrap_err();
+    let paths: Vec<&str> = err.problems().iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "spec.telemetry.otlp.endpoint",
+            "spec.telemetry.otlp.serviceName",
+            "spec.telemetry.otlp.sampleRatio",
+            "spec.telemetry.otlp.timeout",
+        ]
+    );
+}
+
+fn document(metadata: &str) -> String {
+    format!(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata:\n{metadata}spec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:8080\"}}\n  pools:\n    - {{name: a, models: [m], endpoints: [\"127.0.0.1:1\"]}}\n"
+    )
+}
+
+/// The document as a custom resource, read back from a cluster.
+#[test]
+fn kubernetes_object_metadata_is_accepted() {
+    let yaml = document(concat!(
+        "  name: gateway\n",
+        "  namespace: inference\n",
+        "  labels: {app.kubernetes.io/name: infergate, tier: \"1\"}\n",
+        "  annotations:\n",
+        "    kubectl.kubernetes.io/last-applied-configuration: '{\"kind\": \"InferenceGatewayConfig\"}'\n",
+        "  uid: 3b0f9c52-5d3a-4c55-9a7e-0b7c6a0e4f11\n",
+        "  resourceVersion: \"48213\"\n",
+        "  generation: 3\n",
+        "  creationTimestamp: \"2025-01-07T10:00:00Z\"\n",
+        "  managedFields:\n",
+        "    - {manager: kubectl-client-side-apply, operation: Update, apiVersion: infergate.dev/v1alpha1}\n",
+        "  finalizers: [example.com/cleanup]\n",
+    ));
+    let c = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.metadata.name, "gateway");
+    assert_eq!(c.metadata.namespace, "inference");
+    assert_eq!(c.metadata.labels["app.kubernetes.io/name"], "infergate");
+    assert_eq!(c.metadata.labels["tier"], "1");
+    assert!(
+        c.metadata.annotations["kubectl.kubernetes.io/last-applied-configuration"]
+            .contains("InferenceGatewayConfig")
+    );
+    // What the server set is not kept: written out, the document is the
+    // author's again, and reads back the same.
+    let written = serde_yaml_ng::to_string(&c).unwrap();
+    for server_set in [
+        "uid",
+        "resourceVersion",
+        "generation",
+        "creationTimestamp",
+        "managedFields",
+        "finalizers",
+    ] {
+        assert!(!written.contains(server_set), "{server_set} in\n{written}");
+    }
+    assert_eq!(from_yaml(&written).unwrap(), c);
+}
+
+#[test]
+fn metadata_keeps_refusing_what_is_not_object_metadata() {
+    let p = problems(&document(
+        "  name: gateway\n  lables: {app: infergate}\n  annotations: {note: [not, a, string]}\n",
+    ));
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(
+        p[0].starts_with("metadata.lables: unknown field `lables`")
+            && p[0].contains("did you mean `labels`?"),
+        "{p:#?}"
+    );
+    assert!(
+        p[1].starts_with(
+            r#"metadata.annotations["note"]: invalid type: sequence, expected a string"#
+        ),
+        "{p:#?}"
+    );
+}
+
+/// Every unknown field, wrong type and missing field in one run, each at
+/// its path with its line, and the whole-document checks too.
+#[test]
+fn every_structural_problem_is_reported_in_one_run() {
+    let yaml = concat!(
+        "apiVersion: infergate.dev/v1alpha1\n",
+        "kind: InferenceGatewayConfig\n",
+        "spec:\n",
+        "  listeners: [{name: public, address: \"127.0.0.1:8080\", tls: true}]\n",
+        "  limits: {maxBodyBytes: lots}\n",
+        "  pools:\n",
+        "    - {name: a, models: [m1], endpoint: [\"127.0.0.1:1\"]}\n",
+        "    - {models: [m2], endpoints: [\"not a host\"], scheduling: {polcy: scored, metrics: {interval: soon}}}\n",
+    );
+    let p = problems(yaml);
+    let expect = [
+        "spec.listeners[0].tls: unknown field `tls`",
+        "spec.limits.maxBodyBytes: invalid type: string \"lots\", expected u64 at line 5 column 26",
+        "spec.pools[0].endpoint: unknown field `endpoint`",
+        "spec.pools[1].scheduling.polcy: unknown field `polcy`",
+        "spec.pools[1].scheduling.metrics.interval: invalid value: string \"soon\"",
+        "spec.pools[1].name: required field is missing at line 8 column 7",
+        // Whole-document checks, on what could be read.
+        "spec.pools[0].endpoints: at least one endpoint is required",
+        "spec.pools[1].endpoints[0]: \"not a host\" is not host:port",
+    ];
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+    for (line, expected) in p.iter().zip(expect) {
+        assert!(line.starts_with(expected), "{line:?} is not {expected:?}");
+    }
+    assert!(p[0].ends_with("at line 4 column 57"), "{p:?}");
+}
+
+#[test]
+fn required_fields_missing_together_are_all_reported() {
+    let p =
+        problems("apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec: {}\n");
+    assert_eq!(
+        p,
+        [
+            "spec.listeners: required field is missing at line 3 column 7",
+            "spec.pools: required field is missing at line 3 column 7",
+        ]
+    );
+    assert_eq!(problems(""), ["the document is empty"]);
+}
+
+/// A value that cannot be read is reported once: checks that compare with
+/// it (here: which pool serves `m2`) wait until it can be.
+#[test]
+fn checks_leave_alone_what_depends_on_an_unreadable_value() {
+    let yaml = minimal(
+        "    - {name: a, models: m2, endpoints: [\"127.0.0.1:1\"]}\n    - {name: b, models: [m3], endpoints: [\"127.0.0.1:2\"]}\n",
+    )
+    .replace("spec:\n", "spec:\n  objectives: {m2: critical, m4: critical}\n");
+    let p = problems(&yaml);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert!(
+        p[0].starts_with("spec.pools[0].models: invalid type: string \"m2\", expected a sequence"),
+        "{p:#?}"
+    );
+    // Once it can be read, the objective that no pool serves is reported.
+    let p = problems(&yaml.replace("models: m2", "models: [m2]"));
+    assert_eq!(
+        p,
+        [r#"spec.objectives["m4"]: no pool serves this model or adapter"#]
+    );
+}
+
+#[test]
+fn scalars_are_read_as_written() {
+    // A name that YAML would read as a number stays as written, and a plain
+    // number that YAML reads as a string is still a number where a number
+    // is wanted.
+    let yaml = minimal(
+        "    - {name: 1.50, models: [007, 2024], endpoints: [\"127.0.0.1:1\"], scheduling: {weights: {prefix: 03}}}\n",
+    );
+    let c = from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
+    let pool = &c.spec.pools[0];
+    assert_eq!(pool.name, "1.50");
+    assert_eq!(pool.models, ["007", "2024"]);
+    assert_eq!(pool.scheduling.weights.as_ref().unwrap().prefix, Some(3.0));
+    // A quoted number is a string, and refused where a number is wanted.
+    let p = problems(&yaml.replace("prefix: 03", "prefix: \"3\""));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].starts_with("spec.pools[0].scheduling.weights.prefix: invalid type: string \"3\""),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn more_checks_run_on_what_was_read() {
+    let yaml = minimal(
+        "    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"], retry: {maxRetries: many}}\n",
+    );
+    let err = config::from_yaml_with(&yaml, |config, unreadable| {
+        assert_eq!(config.spec.pools[0].name, "a");
+        assert!(!unreadable.was_read("spec.pools[0].retry.maxRetries"));
+        assert!(unreadable.was_read("spec.pools[0].endpoints"));
+        vec![
+            config::Problem {
+                path: "spec.pools[0].endpoints[0]".into(),
+                message: "nothing listens there".into(),
+            },
+            config::Problem {
+                path: "spec.pools[0].retry.maxRetries".into(),
+                message: "about the placeholder".into(),
+            },
+        ]
+    })
+    .unwrap_err();
+    let p: Vec<String> = err.problems().iter().map(ToString::to_string).collect();
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert!(
+        p[0].starts_with("spec.pools[0].retry.maxRetries: invalid type"),
+        "{p:#?}"
+    );
+    assert_eq!(p[1], "spec.pools[0].endpoints[0]: nothing listens there");
 }

@@ -21,6 +21,10 @@
 //! microseconds from one run to the next, which compared one after the
 //! other swamped the differences being measured.
 //!
+//! `--baseline BIN` adds a second infergate (another build, say the one
+//! before a change) as one more target of the same run, so two builds are
+//! compared under the same load, slice by slice.
+//!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
 //! on the PATH and a release build of `infergate`; `scripts/bench-overhead`
@@ -42,6 +46,8 @@ const REPLY: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":
 
 struct Args {
     infergate: PathBuf,
+    /// Another infergate build to measure beside it.
+    baseline: Option<PathBuf>,
     rate: u32,
     seconds: u64,
     connections: usize,
@@ -54,6 +60,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         infergate: PathBuf::from("target/release/infergate"),
+        baseline: None,
         rate: 1000,
         seconds: 10,
         connections: 32,
@@ -69,6 +76,7 @@ fn args() -> Args {
         let value = argv.next().unwrap_or_default();
         match flag.as_str() {
             "--infergate" => a.infergate = value.into(),
+            "--baseline" => a.baseline = Some(value.into()),
             "--rate" => a.rate = value.parse().expect("--rate N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds N"),
             "--connections" => a.connections = value.parse().expect("--connections N"),
@@ -323,7 +331,8 @@ fn us(d: Duration) -> f64 {
 fn main() {
     let args = args();
     let dir = tempfile::tempdir().unwrap();
-    let (replica, via_infergate, via_nginx) = (free_port(), free_port(), free_port());
+    let (replica, via_infergate, via_nginx, via_baseline) =
+        (free_port(), free_port(), free_port(), free_port());
     let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
 
     let _replica = nginx(
@@ -341,40 +350,36 @@ fn main() {
              server {{ listen 127.0.0.1:{via_nginx}; keepalive_requests 1000000; location / {{ proxy_pass http://replica; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }} }}"
         ),
     );
-    let config = dir.path().join("gateway.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{via_infergate}\"}}]\n  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
-        ),
-    )
-    .unwrap();
-    let _gateway = Proc(
-        Command::new(&args.infergate)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env("INFERGATE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", args.infergate.display())),
+    let _gateway = gateway(
+        &args.infergate,
+        dir.path(),
+        "gateway",
+        via_infergate,
+        replica,
     );
+    let baseline = args
+        .baseline
+        .as_ref()
+        .map(|bin| gateway(bin, dir.path(), "baseline", via_baseline, replica));
     for port in [replica, via_infergate, via_nginx] {
         wait_listening(addr(port));
     }
-
-    let targets = [
+    let mut targets = vec![
         ("replica direct", replica, None),
         ("infergate", via_infergate, Some(&_gateway)),
         ("nginx proxy", via_nginx, Some(&_nginx_proxy)),
     ];
+    if let Some(baseline) = &baseline {
+        wait_listening(addr(via_baseline));
+        targets.push(("infergate (baseline)", via_baseline, Some(baseline)));
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let path = "/v1/chat/completions";
     eprintln!("warming up");
-    for (_, port, _) in targets {
+    for &(_, port, _) in &targets {
         runtime.block_on(fixed_rate(
             addr(port),
             path,
@@ -499,6 +504,41 @@ fn main() {
         cpu(gw.cpu),
         cpu(nginx.cpu),
     );
+    if let Some(base) = rows.get(3) {
+        let ratio = rate(gw)
+            .zip(rate(base))
+            .map_or("—".to_owned(), |(g, b)| format!("{:.2}×", g / b));
+        println!(
+            "infergate against the baseline build: max rate {ratio}, p50 {:+.0} µs, p99 {:+.0} µs; CPU per request at {} req/s {} (baseline {})",
+            us(gw.p50) - us(base.p50),
+            us(gw.p99) - us(base.p99),
+            args.rate,
+            cpu(gw.cpu),
+            cpu(base.cpu),
+        );
+    }
+}
+
+/// An infergate process with one pool in front of `replica`.
+fn gateway(bin: &Path, dir: &Path, name: &str, port: u16, replica: u16) -> Proc {
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{port}\"}}]\n  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
+        ),
+    )
+    .unwrap();
+    Proc(
+        Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("INFERGATE_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display())),
+    )
 }
 
 struct Row {

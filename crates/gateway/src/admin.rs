@@ -8,9 +8,10 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 use serde_json::{Value, json};
 
-use crate::body::{self, ResponseBody};
+use crate::body::ResponseBody;
 use crate::error::ApiError;
-use crate::pool::PoolRuntime;
+use crate::pool::Pool;
+use crate::respond::{self, text};
 use crate::server::Request;
 use crate::state::State;
 
@@ -19,17 +20,11 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
     match (&req.method, req.path()) {
-        (&Method::GET, "/healthz") => plain(StatusCode::OK, "ok".into()),
-        (&Method::GET, "/readyz") => {
-            let now = Instant::now();
-            if !state.is_shutting_down() && state.pools.iter().any(|p| p.is_ready(now)) {
-                plain(StatusCode::OK, "ready".into())
-            } else {
-                plain(StatusCode::SERVICE_UNAVAILABLE, "not ready".into())
-            }
-        }
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::GET, "/readyz") if state.is_ready() => text(StatusCode::OK, "ready"),
+        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
         (&Method::GET, "/metrics") => {
-            let mut r = Response::new(body::full(Bytes::from(state.metrics.encode())));
+            let mut r = Response::new(crate::body::full(Bytes::from(state.metrics.encode())));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
             r
@@ -47,23 +42,20 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
 fn debug_pools(state: &State) -> Response<ResponseBody> {
     let now = Instant::now();
     let pools: Vec<_> = state
+        .generation()
         .pools
         .iter()
         .map(|pool| pool_json(pool, now))
         .collect();
-    let mut r = Response::new(body::full(Bytes::from(json!({"pools": pools}).to_string())));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    respond::json(Bytes::from(json!({"pools": pools}).to_string()))
 }
 
-fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
-    let cfg = pool.picker.config();
+fn pool_json(pool: &Pool, now: Instant) -> Value {
+    let runtime = pool.runtime();
+    let cfg = runtime.picker().config();
     let typical = typical_scores(pool, now);
-    let endpoints: Vec<_> = pool
-        .picker
+    let endpoints: Vec<_> = runtime
+        .picker()
         .endpoints()
         .iter()
         .map(|e| {
@@ -83,7 +75,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
                 "stale": health != picker::Health::Healthy,
                 "lastGoodScrapeAgeMs": obs.last_good.map(|t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
                 "lastError": obs.last_error,
-                "scrapeErrors": pool.metrics.endpoint(e).scrape_errors(),
+                "scrapeErrors": pool.metrics().endpoint(e).scrape_errors(),
                 "waiting": s.and_then(|s| s.waiting),
                 "running": s.and_then(|s| s.running),
                 "kvUsage": s.and_then(|s| s.kv_usage),
@@ -103,7 +95,7 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
     let queued: serde_json::Map<String, Value> = config::Priority::ALL
         .iter()
         .map(|band| {
-            let (requests, bytes) = pool.admission.queued(*band);
+            let (requests, bytes) = runtime.admission().queued(*band);
             (
                 band.as_str().to_owned(),
                 json!({"requests": requests, "bytes": bytes}),
@@ -111,10 +103,10 @@ fn pool_json(pool: &PoolRuntime, now: Instant) -> Value {
         })
         .collect();
     json!({
-        "name": &*pool.name,
-        "engine": pool.spec.engine.as_str(),
+        "name": &**pool.name(),
+        "engine": pool.engine().as_str(),
         "policy": cfg.policy.name(),
-        "ready": pool.is_ready(now),
+        "ready": runtime.is_ready(now),
         "typicalRequest": {
             "description": "no adapter, no cached prefix, the default output length",
             "estimatedTokens": TYPICAL_TOKENS,
@@ -138,8 +130,9 @@ struct Typical {
 
 /// Score every replica for a typical request without sending one: the
 /// pick is explained and nothing is acquired or recorded.
-fn typical_scores(pool: &PoolRuntime, now: Instant) -> Typical {
-    if !pool.picker.config().policy.uses_signals() {
+fn typical_scores(pool: &Pool, now: Instant) -> Typical {
+    let picker = pool.runtime().picker();
+    if !picker.config().policy.uses_signals() {
         return Typical {
             scores: None,
             outcome: "the pool's policy does not score replicas".into(),
@@ -151,10 +144,7 @@ fn typical_scores(pool: &PoolRuntime, now: Instant) -> Typical {
         estimated_tokens: TYPICAL_TOKENS,
         explain: true,
     };
-    match pool
-        .picker
-        .pick(&request, now, &[], &mut rand::thread_rng())
-    {
+    match picker.pick(&request, now, &[], &mut rand::thread_rng()) {
         Ok(decision) => Typical {
             outcome: format!(
                 "{}{}",
@@ -186,10 +176,4 @@ fn candidate_json(c: &picker::CandidateScore) -> Value {
         })
         .collect();
     json!({"total": c.total, "parts": parts})
-}
-
-fn plain(status: StatusCode, text: String) -> Response<ResponseBody> {
-    let mut r = Response::new(body::full(Bytes::from(text)));
-    *r.status_mut() = status;
-    r
 }

@@ -10,6 +10,7 @@
 //! body read to its end hands its connection back for the next request.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -18,10 +19,9 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::admit::Lease;
+use crate::error::BoxError;
 use crate::record::Record;
 use crate::upstream::connections;
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub fn full(bytes: Bytes) -> ResponseBody {
     ResponseBody::Full(Some(bytes))
@@ -57,6 +57,9 @@ pub struct ProxiedBody {
     // Dropped with the body; see the module comment.
     lease: Lease,
     record: Record,
+    /// What the request keeps alive until its body ends: the generation
+    /// of the config it started under.
+    _keep: Arc<dyn Send + Sync>,
 }
 
 impl ProxiedBody {
@@ -67,6 +70,7 @@ impl ProxiedBody {
         load: Lease,
         record: Record,
         idle_timeout: Duration,
+        keep: Arc<dyn Send + Sync>,
     ) -> Self {
         Self {
             inner,
@@ -78,6 +82,7 @@ impl ProxiedBody {
             last_frame: Instant::now(),
             lease: load,
             record,
+            _keep: keep,
         }
     }
 }

@@ -16,6 +16,9 @@ use crate::server::Request;
 /// carry everything in the body; nginx's default line buffer is 8 KiB.
 pub const TARGET_LIMIT: usize = 8 * 1024;
 
+/// `GET /v1/models/{id}`: one model or adapter, answered by the gateway.
+pub const MODEL_PREFIX: &str = "/v1/models/";
+
 /// The inference endpoints forwarded to replicas by default: OpenAI's, and
 /// those the engines serve in the same shape (a JSON body with `model`).
 pub const INFERENCE_PATHS: &[&str] = &[
@@ -73,7 +76,9 @@ pub fn check(req: &Request) -> Result<(), ApiError> {
             "a request body may use no transfer coding but a single chunked",
         ));
     }
-    if !is_plain(req.uri.path()) {
+    // The gateway answers `/v1/models/{id}` itself, never a replica, and
+    // SDKs %-encode the slash of an id such as `meta-llama/Llama-3.1-8B`.
+    if !is_plain(req.uri.path()) && !req.uri.path().starts_with(MODEL_PREFIX) {
         return Err(ApiError::invalid_path());
     }
     Ok(())

@@ -1,13 +1,46 @@
 //! Errors a pipeline stage answers the client with, in the OpenAI shape
-//! `{"error": {"message", "type", "param", "code"}}`.
+//! `{"error": {"message", "type", "param", "code"}}`. A leaf: what they
+//! look like on the wire is rendered in [`crate::respond`].
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::StatusCode;
 use serde_json::json;
 
-use crate::body::{self, ResponseBody};
+/// An error from a body or a connection, whatever its source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why flow control refused a request; sent as `x-infergate-dropped-reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    QueueFull,
+    WaitExpired,
+    NoReplicas,
+    Saturated,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 4] = [
+        DropReason::QueueFull,
+        DropReason::WaitExpired,
+        DropReason::NoReplicas,
+        DropReason::Saturated,
+    ];
+
+    /// The reason a `x-infergate-dropped-reason` value names.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == value)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue-full",
+            DropReason::WaitExpired => "wait-expired",
+            DropReason::NoReplicas => "no-replicas",
+            DropReason::Saturated => "saturated",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -19,7 +52,7 @@ pub struct ApiError {
     /// Set for refusals a client should retry later (429/503).
     pub retry_after: Option<Duration>,
     /// Why flow control refused the request (`x-infergate-dropped-reason`).
-    pub dropped_reason: Option<&'static str>,
+    pub dropped_reason: Option<DropReason>,
 }
 
 impl ApiError {
@@ -35,7 +68,7 @@ impl ApiError {
         }
     }
 
-    pub fn with_dropped_reason(self, reason: &'static str) -> Self {
+    pub fn with_dropped_reason(self, reason: DropReason) -> Self {
         Self {
             dropped_reason: Some(reason),
             ..self
@@ -264,32 +297,5 @@ impl ApiError {
                 "code": self.code,
             }
         })
-    }
-
-    pub fn into_response(self) -> Response<ResponseBody> {
-        let mut response = Response::new(body::full(Bytes::from(self.body_json().to_string())));
-        *response.status_mut() = self.status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let Some(reason) = self.dropped_reason {
-            headers.insert(
-                "x-infergate-dropped-reason",
-                HeaderValue::from_static(reason),
-            );
-        }
-        if let Some(after) = self.retry_after {
-            // Retry-After has whole seconds; round up so a client never
-            // comes back too early. retry-after-ms carries the precise value.
-            let secs = after.as_millis().div_ceil(1000).max(1);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
-            headers.insert(
-                "retry-after-ms",
-                HeaderValue::from(after.as_millis().max(1) as u64),
-            );
-        }
-        response
     }
 }

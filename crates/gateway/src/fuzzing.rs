@@ -131,7 +131,7 @@ pub fn serve_bytes(pieces: &[&[u8]]) -> Vec<u8> {
                 Err(_) => crate::error::ApiError::body_too_large(1 << 20).into_response(),
             }
         };
-        let drain = crate::drain::Drain::new();
+        let drain = crate::shutdown::Drain::new();
         let peer = ([127, 0, 0, 1], 1).into();
         let timeouts = Timeouts::new(Duration::from_secs(1));
         let serving = tokio::spawn(connection::serve(

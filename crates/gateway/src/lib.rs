@@ -5,21 +5,23 @@
 mod admin;
 mod admit;
 pub mod body;
-mod drain;
 mod edge;
 pub mod error;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod generation;
 mod headers;
 pub mod pipeline;
 mod pool;
 mod record;
+mod replica_error;
 mod request;
 mod request_body;
+mod respond;
 mod routes;
 mod server;
-mod simulated;
+mod shutdown;
 mod state;
 pub mod telemetry;
 mod upstream;
@@ -31,12 +33,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::drain::Drain;
-use crate::pool::PoolRuntime;
+use crate::generation::Runtimes;
 use crate::server::Workers;
+use crate::shutdown::Drain;
 use crate::state::State;
 
-pub use crate::admit::DropReason;
+pub use crate::error::DropReason;
 
 /// Connections the admin listener serves at once, apart from the public
 /// listeners' limit: a flood of clients must not shut out the probes and
@@ -55,10 +57,10 @@ pub struct Gateway {
     drain: Arc<Drain>,
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
+    /// Every pool's runtime, for the next generation.
+    runtimes: parking_lot::Mutex<Runtimes>,
     // After `state`, whose pools' upstream clients run on the workers.
     _workers: Arc<Workers>,
-    // Simulated replicas live as long as the gateway.
-    _fleets: Vec<simulated::Fleet>,
 }
 
 /// The gateway's own gauges on `/metrics`: what a soak test watches for
@@ -90,37 +92,36 @@ fn watch_server(state: &Arc<State>, slots: &server::ConnectionSlots, workers: &A
     });
 }
 
+/// One line per pool, so an operator sees what was loaded.
+fn log_pools(generation: &generation::Generation) {
+    for pool in &generation.pools {
+        let picker = pool.runtime().picker();
+        let endpoints: Vec<String> = picker
+            .endpoints()
+            .iter()
+            .map(|e| e.addr.to_string())
+            .collect();
+        tracing::info!(
+            pool = %pool.name(),
+            engine = pool.engine().as_str(),
+            policy = picker.config().policy.name(),
+            endpoints = %endpoints.join(","),
+            "pool"
+        );
+    }
+}
+
 impl Gateway {
     /// Start every listener and every pool's scrapers. The config must
     /// already be validated.
     pub async fn start(config: &config::InferenceGatewayConfig) -> anyhow::Result<Self> {
         let spec = &config.spec;
         let workers = Arc::new(Workers::start(Workers::default_count())?);
-        let mut fleets = Vec::new();
-        let mut pools = Vec::new();
         let metrics = telemetry::Metrics::new();
-        for pool_spec in &spec.pools {
-            let addrs = match &pool_spec.simulated {
-                Some(sim) => {
-                    let fleet = simulated::start(pool_spec, sim).await?;
-                    let addrs = simulated::addrs(&fleet);
-                    fleets.push(fleet);
-                    addrs
-                }
-                None => pool_spec.endpoints.clone(),
-            };
-            let mut pool = PoolRuntime::new(
-                pool_spec,
-                &addrs,
-                &spec.timeouts,
-                &spec.flow_control,
-                &metrics,
-                workers.len(),
-            );
-            pool.start(spec.timeouts.connect());
-            pools.push(pool);
-        }
-        let state = Arc::new(State::new(spec, pools, metrics));
+        let mut runtimes = Runtimes::new(workers.len());
+        let generation = runtimes.build(spec, &metrics)?;
+        log_pools(&generation);
+        let state = Arc::new(State::new(generation, metrics, &spec.limits));
 
         let (stop, stop_rx) = watch::channel(false);
         let drain = Arc::new(Drain::new());
@@ -175,9 +176,26 @@ impl Gateway {
             drain,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
+            runtimes: parking_lot::Mutex::new(runtimes),
             _workers: workers,
-            _fleets: fleets,
         })
+    }
+
+    /// Put a new config in force: routes, pools and their replicas,
+    /// limits, objectives. Requests already running finish under the
+    /// config they started with; pools that stay keep their replicas'
+    /// load, connections and prefix index. Listeners, the admin listener,
+    /// connection limits and the body budget are fixed at start. The config
+    /// must be validated, with simulated pools started.
+    pub fn apply(&self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
+        let generation = self
+            .runtimes
+            .lock()
+            .build(&config.spec, &self.state.metrics)?;
+        log_pools(&generation);
+        self.state.install(generation);
+        tracing::info!(pools = config.spec.pools.len(), "config applied");
+        Ok(())
     }
 
     /// Addresses of the public listeners, by name, in config order.
@@ -198,16 +216,18 @@ impl Gateway {
     /// are simulated on OS-chosen ports).
     pub fn pool_endpoints(&self) -> Vec<(String, Vec<String>)> {
         self.state
+            .generation()
             .pools
             .iter()
             .map(|p| {
                 let addrs = p
-                    .picker
+                    .runtime()
+                    .picker()
                     .endpoints()
                     .iter()
                     .map(|e| e.addr.to_string())
                     .collect();
-                (p.name.to_string(), addrs)
+                (p.name().to_string(), addrs)
             })
             .collect()
     }
@@ -215,8 +235,9 @@ impl Gateway {
     /// Requests waiting in a pool's flow-control queue, per band
     /// (critical, standard, sheddable). `None` for an unknown pool.
     pub fn queued(&self, pool: &str) -> Option<[usize; 3]> {
-        let pool = self.state.pools.iter().find(|p| &*p.name == pool)?;
-        Some(config::Priority::ALL.map(|band| pool.admission.queued(band).0))
+        let generation = self.state.generation();
+        let admission = generation.pool(pool)?.runtime().admission();
+        Some(config::Priority::ALL.map(|band| admission.queued(band).0))
     }
 
     /// Stop accepting, answer new requests on open connections with 503,

@@ -27,21 +27,25 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::admit::{DropReason, OwnedPick, Ticket};
-use crate::body::{self, ProxiedBody, ResponseBody};
-use crate::error::ApiError;
-use crate::pool::PoolRuntime;
+use crate::admit::{Admitted, OwnedPick, Ticket};
+use crate::body::{ProxiedBody, ResponseBody};
+use crate::edge::{self, MODEL_PREFIX};
+use crate::error::{ApiError, DropReason};
+use crate::generation::Generation;
+use crate::pool::Pool;
 use crate::record::Record;
 use crate::request::InferenceRequest;
+use crate::respond::{json, text};
 use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, Forwarded, REQUEST_ID};
-use crate::{edge, headers, request_body};
+use crate::{headers, replica_error, request_body};
 
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
@@ -61,7 +65,7 @@ pub async fn handle(state: Arc<State>, worker: WorkerId, req: Request) -> Respon
     let request_id = request_id(&req.headers);
     let mut response = match edge::check(&req) {
         Err(e) => e.into_response(),
-        Ok(()) => route(state, worker, req, start, &request_id).await,
+        Ok(()) => route(&state, worker, req, start, &request_id).await,
     };
     response.headers_mut().insert(REQUEST_ID, request_id);
     response
@@ -70,33 +74,54 @@ pub async fn handle(state: Arc<State>, worker: WorkerId, req: Request) -> Respon
 /// Which handler answers: the gateway's own endpoints, or the pipeline
 /// for a forwarded path.
 async fn route(
-    state: Arc<State>,
+    state: &State,
     worker: WorkerId,
     req: Request,
     start: Instant,
     request_id: &HeaderValue,
 ) -> Response<ResponseBody> {
+    // The request sees this generation of the config to its end.
+    let generation = state.generation();
     match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, "/readyz") => readiness(&state),
-        (&Method::GET, "/v1/models") => json(state.routes.models_json()),
+        (&Method::GET, "/readyz") if state.is_ready() => text(StatusCode::OK, "ready"),
+        (&Method::GET, "/readyz") => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no pool has a usable replica",
+        ),
+        (&Method::GET, "/v1/models") => json(generation.routes.models_json()),
+        (&Method::GET, path) if path.starts_with(MODEL_PREFIX) => {
+            let id = percent_encoding::percent_decode_str(&path[MODEL_PREFIX.len()..])
+                .decode_utf8_lossy();
+            match generation.routes.model_json(&id) {
+                Ok(model) => json(model),
+                Err(e) => e.into_response(),
+            }
+        }
         (_, "/healthz" | "/readyz" | "/v1/models") => {
             ApiError::method_not_allowed(&req.method, req.path()).into_response()
         }
-        (&Method::POST, path) if state.forwarded_paths.forwards(path) => {
+        (_, path) if path.starts_with(MODEL_PREFIX) => {
+            ApiError::method_not_allowed(&req.method, path).into_response()
+        }
+        (&Method::POST, path) if generation.forwarded_paths.forwards(path) => {
             let span = telemetry::request_span(&req.method, path, request_id);
             // Before the span is first entered: it may join the caller's trace.
-            let sampling = state.trace_sampling(req.peer.ip());
+            let sampling = generation.trace_sampling(req.peer.ip());
             let (trace, traceparent) = trace_context::upstream(&req.headers, &span, sampling);
             let mut record = Record::new(request_id.clone(), start, span.clone());
             record.trace_id = Some(trace.trace_id);
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
-            Box::pin(infer(&state, worker, req, record, request_id, &traceparent))
+            let ids = Ids {
+                request: request_id,
+                traceparent: &traceparent,
+            };
+            Box::pin(infer(state, generation, worker, req, record, ids))
                 .instrument(span)
                 .await
         }
-        (_, path) if state.forwarded_paths.forwards(path) => {
+        (_, path) if generation.forwarded_paths.forwards(path) => {
             let mut r = ApiError::method_not_allowed(&req.method, path).into_response();
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
@@ -106,14 +131,21 @@ async fn route(
     }
 }
 
+/// The ids a forwarded request carries to its replica.
+#[derive(Clone, Copy)]
+struct Ids<'a> {
+    request: &'a HeaderValue,
+    traceparent: &'a HeaderValue,
+}
+
 /// Stages 2–9 for one inference request.
 async fn infer(
     state: &State,
+    generation: Arc<Generation>,
     worker: WorkerId,
     req: Request,
     mut record: Record,
-    request_id: &HeaderValue,
-    traceparent: &HeaderValue,
+    ids: Ids<'_>,
 ) -> Response<ResponseBody> {
     if state.is_shutting_down() {
         return refuse(record, ApiError::shutting_down());
@@ -129,12 +161,12 @@ async fn infer(
 
     // 1. accept: the body, within its limit and the gateway's budget; its
     // share of the budget is held until the request is done with it.
-    let limit = state.limits.max_body_bytes();
+    let limit = generation.limits.max_body_bytes();
     let (body, _held) = match request_body::read(body, &headers, limit, &state.body_budget).await {
         Ok(read) => read,
         Err(e) => return refuse(record, e),
     };
-    let forwarded = Forwarded::new(&headers, peer, "http", &state.trusted_proxies);
+    let forwarded = Forwarded::new(&headers, peer, "http", &generation.trusted_proxies);
 
     // 2. authenticate: no authentication configured.
 
@@ -147,16 +179,16 @@ async fn infer(
     record.stream = request.stream;
 
     // 4. route
-    let route = match stage_span!("route").in_scope(|| state.routes.resolve(&request.model)) {
+    let route = match stage_span!("route").in_scope(|| generation.routes.resolve(&request.model)) {
         Ok(route) => route,
         Err(e) => {
             record.routed(state.metrics.unrouted());
             return refuse(record, e);
         }
     };
-    let pool = &state.pools[route.pool];
-    record.pool = Some(pool.name.clone());
-    if let Some(metrics) = pool.metrics.route(&request.model) {
+    let pool = Arc::clone(&route.pool);
+    record.pool = Some(pool.name().clone());
+    if let Some(metrics) = pool.metrics().route(&request.model) {
         record.routed(metrics);
     }
 
@@ -166,42 +198,30 @@ async fn infer(
     let ticket = match Ticket::from_request(
         &headers,
         &request.model,
-        &state.objectives,
-        &state.flow_control,
+        &generation.objectives,
+        &generation.flow_control,
         body.len() as u64,
     ) {
         Ok(t) => t,
         Err(e) => return refuse(record, e),
     };
     // 7. pick happens inside admission (the dispatcher picks for waiters).
-    let explain = state.debug.decision_headers
+    let explain = generation.debug.decision_headers
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
-    let prefix_hashes = {
-        let picker_config = pool.picker.config();
-        if picker_config.uses_prompt_hashes(explain) {
-            request
-                .prompt_hashes(route.adapter.as_deref(), &picker_config.prefix)
-                .into()
-        } else {
-            Arc::default()
-        }
-    };
-    let pick = OwnedPick {
-        adapter: route.adapter.clone(),
-        prefix_hashes,
-        estimated_tokens: request.estimated_tokens,
-        explain,
-    };
+    let pick = pool
+        .runtime()
+        .pick_request(&request, route.adapter.as_deref(), explain);
     let admit_started = Instant::now();
-    let mut admitted = match pool
-        .admission
-        .admit(&pool.name, &ticket, pick.clone())
+    let admitted = match pool
+        .runtime()
+        .admission()
+        .admit(pool.name(), &ticket, pick.clone())
         .instrument(stage_span!("admit", priority = ticket.band.as_str()))
         .await
     {
         Ok(a) => a,
         Err(e) => {
-            if e.dropped_reason == Some(DropReason::WaitExpired.as_str()) {
+            if e.dropped_reason == Some(DropReason::WaitExpired) {
                 record.waited(ticket.band, admit_started.elapsed());
             }
             return refuse(record, e);
@@ -210,138 +230,248 @@ async fn infer(
     record.waited(ticket.band, admitted.queue_wait);
 
     // 8. forward, retrying other replicas before any byte.
+    let outgoing = upstream::Outgoing {
+        method: &method,
+        uri: &uri,
+        headers: &headers,
+        body: &body,
+        request_id: ids.request,
+        traceparent: ids.traceparent,
+        forwarded: &forwarded,
+    };
+    let job = Forward {
+        generation: &generation,
+        pool: &pool,
+        worker,
+        outgoing,
+        pick: &pick,
+    };
+    forward(job, admitted, record).await
+}
+
+/// What the forward stage needs of the request.
+struct Forward<'a> {
+    generation: &'a Arc<Generation>,
+    pool: &'a Pool,
+    worker: WorkerId,
+    outgoing: upstream::Outgoing<'a>,
+    pick: &'a OwnedPick,
+}
+
+/// Stage 8: send the request to the admitted replica, and to another while
+/// none of it was sent (the replica may be generating it otherwise); pass
+/// the answer on.
+async fn forward(
+    job: Forward<'_>,
+    mut admitted: Admitted,
+    mut record: Record,
+) -> Response<ResponseBody> {
+    let Forward {
+        generation,
+        pool,
+        worker,
+        outgoing,
+        pick,
+    } = job;
+    let name = pool.name();
     let mut tried: Vec<usize> = Vec::new();
     loop {
         let decision = &admitted.decision;
         let endpoint = &decision.endpoint;
-        pool.metrics.count_decision(decision);
+        pool.metrics().count_decision(decision);
         record.endpoint = Some(endpoint.addr.clone());
         record.decision = decision.top;
-        tracing::debug!(target: DECISION_TARGET, pool = %pool.name, endpoint = %endpoint.addr,
+        tracing::debug!(target: DECISION_TARGET, pool = %name, endpoint = %endpoint.addr,
             scores = %decision.scores_header(SCORES_HEADER_LIMIT), "picked");
         if decision.fallback {
-            tracing::warn!(pool = %pool.name, endpoint = %endpoint.addr,
+            tracing::warn!(pool = %name, endpoint = %endpoint.addr,
                 "no replica has fresh metrics; picked by least-request");
         }
-
-        let outgoing = upstream::Outgoing {
-            method: &method,
-            uri: &uri,
-            headers: &headers,
-            body: &body,
-            request_id,
-            traceparent,
-            forwarded: &forwarded,
-        };
-        let deadline = Instant::now() + state.timeouts.first_byte();
+        let deadline = Instant::now() + generation.timeouts.first_byte();
         let sent = tokio::time::timeout_at(
             deadline,
-            pool.connections(worker).send(&endpoint.addr, &outgoing),
+            pool.runtime()
+                .connections(worker)
+                .send(&endpoint.addr, &outgoing),
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
-        match sent {
-            Ok(Ok(mut answer)) => {
-                // The replica has the request from here: whatever happens,
-                // it is not sent again.
-                if !headers::plain_transfer_coding(&answer.headers) {
-                    let coding = answer.headers.get(header::TRANSFER_ENCODING);
-                    let detail = format!(
-                        "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
-                    );
-                    return refuse(record, ApiError::upstream_failed(&pool.name, &detail));
-                }
-                record.on_response(answer.status, &answer.headers);
-                let sse = headers::is_event_stream(&answer.headers);
-                // A non-streaming answer goes on once its body starts: a
-                // replica failing before that is the client's 502, not a
-                // 200 with a cut body. A stream's head goes at once.
-                let first = if sse {
-                    None
-                } else {
-                    match tokio::time::timeout_at(deadline, answer.body.frame()).await {
-                        Ok(Some(Ok(frame))) => Some(frame),
-                        Ok(None) => None,
-                        Ok(Some(Err(e))) => {
-                            let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
-                            return refuse(record, failed);
-                        }
-                        Err(_elapsed) => {
-                            return refuse(record, ApiError::upstream_timeout(&pool.name));
-                        }
-                    }
-                };
-                // The replica's end-to-end headers, then the gateway's.
-                let mut response_headers = HeaderMap::with_capacity(answer.headers.len() + 4);
-                for (name, value) in headers::end_to_end(&answer.headers) {
-                    response_headers.append(name.clone(), value.clone());
-                }
-                if state.debug.decision_headers {
-                    let waited = record.queue_wait.unwrap_or_default();
-                    decision_headers(
-                        &mut response_headers,
-                        pool,
-                        &endpoint.addr,
-                        decision,
-                        waited,
-                    );
-                }
-                let body = ProxiedBody::new(
-                    answer.body,
-                    first,
-                    sse,
-                    admitted.lease,
-                    record,
-                    state.timeouts.idle(),
-                );
-                let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
-                *response.status_mut() = answer.status;
-                *response.headers_mut() = response_headers;
-                return response;
+        let e = match sent {
+            // The replica has the request from here: whatever happens, it
+            // is not sent again.
+            Ok(Ok(answer)) => {
+                return pass_on(generation, pool, answer, deadline, admitted, record).await;
             }
             // The replica may be generating: never send the work twice.
-            Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(&pool.name)),
+            Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(name)),
             Ok(Err(e)) if e.was_sent() => {
-                let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
-                return refuse(record, failed);
+                return refuse(record, ApiError::upstream_failed(name, &e.to_string()));
             }
-            Ok(Err(e)) => {
-                // None of the request reached the replica, so another may
-                // try. Replacing `admitted` below releases this replica's
-                // load.
-                if e.is_connect() {
-                    endpoint.set_reachable(false);
-                }
-                tracing::debug!(pool = %pool.name, endpoint = %endpoint.addr, error = %e, "request not sent to the replica");
-                tried.push(endpoint.index);
-                if tried.len() > pool.spec.retry.max_retries() as usize {
-                    return refuse(
-                        record,
-                        ApiError::upstream_failed(&pool.name, &e.to_string()),
-                    );
-                }
-                admitted = match pool.admission.pick_now(&pick.as_request(), &tried) {
-                    Ok(a) => a,
-                    // Nothing left to try. A replica that answered badly is
-                    // the failure to report; one that could not be reached
-                    // leaves the pool without a reachable replica.
-                    Err(_) if !e.is_connect() => {
-                        let failed = ApiError::upstream_failed(&pool.name, &e.to_string());
-                        return refuse(record, failed);
+            Ok(Err(e)) => e,
+        };
+        // None of the request reached the replica, so another may try.
+        // Replacing `admitted` below releases this replica's load.
+        if e.is_connect() {
+            endpoint.set_reachable(false);
+        }
+        tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %e, "request not sent to the replica");
+        tried.push(endpoint.index);
+        if tried.len() > pool.max_retries() {
+            return refuse(record, ApiError::upstream_failed(name, &e.to_string()));
+        }
+        admitted = match pool
+            .runtime()
+            .admission()
+            .pick_now(&pick.as_request(), &tried)
+        {
+            Ok(a) => a,
+            // Nothing left to try. A replica that answered badly is the
+            // failure to report; one that could not be reached leaves the
+            // pool without a reachable replica.
+            Err(_) if !e.is_connect() => {
+                return refuse(record, ApiError::upstream_failed(name, &e.to_string()));
+            }
+            Err(no_pick) => return refuse(record, pick_error(name, no_pick)),
+        };
+        record.retries += 1;
+    }
+}
+
+/// The replica answered: pass its answer on. A non-streaming answer goes
+/// on once its body starts, so a replica failing before that is the
+/// client's 502, not a 200 with a cut body; a stream's head goes at once.
+async fn pass_on(
+    generation: &Arc<Generation>,
+    pool: &Pool,
+    mut answer: upstream::Response,
+    deadline: Instant,
+    admitted: Admitted,
+    mut record: Record,
+) -> Response<ResponseBody> {
+    let name = pool.name();
+    if !headers::plain_transfer_coding(&answer.headers) {
+        let coding = answer.headers.get(header::TRANSFER_ENCODING);
+        let detail = format!(
+            "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
+        );
+        return refuse(record, ApiError::upstream_failed(name, &detail));
+    }
+    record.on_response(answer.status, &answer.headers);
+    let sse = headers::is_event_stream(&answer.headers);
+    let first = if sse {
+        None
+    } else {
+        match tokio::time::timeout_at(deadline, answer.body.frame()).await {
+            Ok(Some(Ok(frame))) => Some(frame),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                return refuse(record, ApiError::upstream_failed(name, &e.to_string()));
+            }
+            Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(name)),
+        }
+    };
+    // An error the SDKs could not read is put in the OpenAI shape.
+    let (first, wrapped) =
+        if !sse && (answer.status.is_client_error() || answer.status.is_server_error()) {
+            match error_body(first, &mut answer.body, deadline).await {
+                Ok(ErrorBody::Whole(bytes)) => {
+                    match replica_error::openai_shaped(answer.status, &bytes) {
+                        Some(shaped) => (Some(Frame::data(shaped)), true),
+                        None => (Some(Frame::data(bytes)), false),
                     }
-                    Err(no_pick) => return refuse(record, pick_error(&pool.name, no_pick)),
-                };
-                record.retries += 1;
+                }
+                Ok(ErrorBody::Partial(bytes)) => (Some(Frame::data(bytes)), false),
+                Err(e) => return refuse(record, e.into_api(name)),
             }
+        } else {
+            (first, false)
+        };
+    // The replica's end-to-end headers, then the gateway's.
+    let mut response_headers = HeaderMap::with_capacity(answer.headers.len() + 4);
+    for (name, value) in headers::end_to_end(&answer.headers) {
+        response_headers.append(name.clone(), value.clone());
+    }
+    if wrapped {
+        response_headers.remove(header::CONTENT_LENGTH);
+        response_headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    if generation.debug.decision_headers {
+        let waited = record.queue_wait.unwrap_or_default();
+        decision_headers(&mut response_headers, name, &admitted.decision, waited);
+    }
+    let idle = generation.timeouts.idle();
+    let keep = Arc::clone(generation) as _;
+    let body = ProxiedBody::new(answer.body, first, sse, admitted.lease, record, idle, keep);
+    let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
+    *response.status_mut() = answer.status;
+    *response.headers_mut() = response_headers;
+    response
+}
+
+/// A replica's error body, read whole up to [`replica_error::LIMIT`].
+enum ErrorBody {
+    Whole(Bytes),
+    /// Longer than the limit: what was read, the rest still to stream.
+    Partial(Bytes),
+}
+
+/// Why an error body could not be read.
+enum BodyFailed {
+    Failed(String),
+    TimedOut,
+}
+
+impl BodyFailed {
+    fn into_api(self, pool: &str) -> ApiError {
+        match self {
+            BodyFailed::Failed(e) => ApiError::upstream_failed(pool, &e),
+            BodyFailed::TimedOut => ApiError::upstream_timeout(pool),
         }
     }
 }
 
-/// A retry's pick failed: nothing is left to try.
+async fn error_body(
+    first: Option<Frame<Bytes>>,
+    body: &mut upstream::connections::Body,
+    deadline: Instant,
+) -> Result<ErrorBody, BodyFailed> {
+    let mut bytes = first
+        .and_then(|f| f.into_data().ok())
+        .map(Vec::from)
+        .unwrap_or_default();
+    while bytes.len() <= replica_error::LIMIT && !body.is_end_stream() {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BodyFailed::Failed(e.to_string())),
+            Err(_elapsed) => return Err(BodyFailed::TimedOut),
+        }
+    }
+    let bytes = Bytes::from(bytes);
+    Ok(if bytes.len() > replica_error::LIMIT {
+        ErrorBody::Partial(bytes)
+    } else {
+        ErrorBody::Whole(bytes)
+    })
+}
+
+/// A retry's pick failed: nothing is left to try. Refused for the same
+/// reasons, and saying so the same way, as a first pick.
 fn pick_error(pool: &str, e: picker::PickError) -> ApiError {
     match e {
-        picker::PickError::Saturated { retry_after, .. } => ApiError::saturated(pool, retry_after),
-        e => ApiError::no_replicas(pool, &e.to_string()),
+        picker::PickError::Saturated { retry_after, .. } => {
+            ApiError::saturated(pool, retry_after).with_dropped_reason(DropReason::Saturated)
+        }
+        e => {
+            ApiError::no_replicas(pool, &e.to_string()).with_dropped_reason(DropReason::NoReplicas)
+        }
     }
 }
 
@@ -352,14 +482,13 @@ fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
 
 fn decision_headers(
     headers: &mut http::HeaderMap,
-    pool: &PoolRuntime,
-    endpoint: &str,
+    pool: &str,
     decision: &picker::Decision,
     queue_wait: std::time::Duration,
 ) {
     let pairs = [
-        (X_POOL, pool.name.to_string()),
-        (X_ENDPOINT, endpoint.to_owned()),
+        (X_POOL, pool.to_owned()),
+        (X_ENDPOINT, decision.endpoint.addr.to_string()),
         (
             X_SCORES,
             decision.scores_header(SCORES_HEADER_LIMIT).to_string(),
@@ -389,33 +518,4 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
             trace_context::lower_hex(rand::random(), &mut id);
             HeaderValue::from_bytes(&id).expect("hex is a valid header value")
         })
-}
-
-fn readiness(state: &State) -> Response<ResponseBody> {
-    let now = std::time::Instant::now();
-    if !state.is_shutting_down() && state.pools.iter().any(|p| p.is_ready(now)) {
-        text(StatusCode::OK, "ready")
-    } else {
-        text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no pool has a usable replica",
-        )
-    }
-}
-
-fn text(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
-    let mut r = Response::new(body::full(Bytes::from_static(body.as_bytes())));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    r
-}
-
-fn json(bytes: Bytes) -> Response<ResponseBody> {
-    let mut r = Response::new(body::full(bytes));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
 }

@@ -1,68 +1,91 @@
-//! A pool at run time: its replicas, the picker over them, the scrapers
-//! that keep their signals fresh, and each worker's connections to them.
+//! A pool as one generation of the config sees it ([`Pool`]), over its
+//! [`Runtime`]: what carries over from one generation of the config
+//! to the next, found again by the pool's name — its replicas with their
+//! in-flight load, the picker with its prefix index, flow control, each
+//! worker's connections, and one scraper per replica.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
-use crate::admit::Admission;
+use crate::admit::{Admission, OwnedPick};
+use crate::request::InferenceRequest;
 use crate::server::WorkerId;
 use crate::telemetry::{Metrics, PoolMetrics};
 use crate::upstream::Connections;
 use crate::upstream::connections::Settings;
 
-pub struct PoolRuntime {
-    pub name: Arc<str>,
-    pub spec: config::Pool,
-    pub picker: Arc<picker::Pool>,
+pub struct Runtime {
+    name: Arc<str>,
+    /// Connections are made for one protocol: a pool whose protocol
+    /// changes gets a new runtime.
+    protocol: config::Protocol,
+    picker: Arc<picker::Picker>,
     /// Flow control in front of the picker.
-    pub admission: Arc<Admission>,
+    admission: Arc<Admission>,
     /// One connection pool per worker thread: a connection is only used by
     /// the thread that drives it.
     connections: Vec<Connections>,
-    /// Metric handles resolved for this pool, its models and replicas.
-    pub metrics: PoolMetrics,
-    /// One per replica; each stops its task when dropped.
-    scrapers: Vec<signals::Scraper>,
-    dispatcher: Option<JoinHandle<()>>,
+    members: Mutex<Members>,
+    dispatcher: JoinHandle<()>,
 }
 
-impl PoolRuntime {
-    /// `addrs` are the replicas: the pool's static endpoints, or the
-    /// simulated replicas started for it.
+/// Who is in the pool, and what watches them.
+#[derive(Default)]
+struct Members {
+    /// One per replica, by address; each stops its task when dropped.
+    scrapers: HashMap<Arc<str>, signals::Scraper>,
+    /// How the scrapers run; they restart when it changes.
+    scrape: Option<signals::ScrapeConfig>,
+    /// The next replica's id. Ids are never reused, so the prefix index
+    /// and a request's list of tried replicas never mistake a newcomer for
+    /// a replica that left.
+    next_id: usize,
+}
+
+impl Runtime {
+    /// An empty pool; [`Runtime::configure`] gives it its replicas. Needs a
+    /// Tokio runtime (the flow-control dispatcher starts here).
     pub fn new(
         spec: &config::Pool,
-        addrs: &[String],
-        timeouts: &config::Timeouts,
-        flow_control: &config::FlowControl,
+        connect_timeout: Duration,
         metrics: &Metrics,
         workers: usize,
-    ) -> Self {
-        let endpoints: Vec<Arc<Endpoint>> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| Endpoint::new(i, a.clone()))
-            .collect();
-        let picker = Arc::new(picker::Pool::new(picker_config(spec), endpoints));
-        let admission = Admission::new(
-            Arc::clone(&picker),
-            flow_control.clone(),
-            metrics.pick_duration(&spec.name),
-        );
-        Self {
+    ) -> Arc<Self> {
+        let picker = Arc::new(picker::Picker::new(picker_config(spec), Vec::new()));
+        let admission = Admission::new(Arc::clone(&picker), metrics.pick_duration(&spec.name));
+        Arc::new(Self {
             name: Arc::from(spec.name.as_str()),
-            metrics: metrics.pool(spec, &picker, &admission),
+            protocol: spec.protocol,
+            dispatcher: tokio::spawn(Arc::clone(&admission).dispatch_forever()),
             admission,
             picker,
             connections: (0..workers.max(1))
-                .map(|_| Connections::new(Settings::new(spec.protocol, timeouts.connect())))
+                .map(|_| Connections::new(Settings::new(spec.protocol, connect_timeout)))
                 .collect(),
-            scrapers: Vec::new(),
-            dispatcher: None,
-            spec: spec.clone(),
-        }
+            members: Mutex::default(),
+        })
+    }
+
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Whether this runtime can serve `spec` (else the pool starts afresh).
+    pub fn fits(&self, spec: &config::Pool) -> bool {
+        self.protocol == spec.protocol
+    }
+
+    pub fn picker(&self) -> &Arc<picker::Picker> {
+        &self.picker
+    }
+
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// The connections of the worker thread serving a request.
@@ -70,43 +93,107 @@ impl PoolRuntime {
         &self.connections[worker % self.connections.len()]
     }
 
-    /// Start one scraper (or reachability probe) per replica and the flow
-    /// control dispatcher. Needs a Tokio runtime.
-    pub fn start(&mut self, connect_timeout: std::time::Duration) {
-        self.dispatcher = Some(tokio::spawn(Arc::clone(&self.admission).dispatch_forever()));
-        let metrics = &self.spec.scheduling.metrics;
-        let cfg = signals::ScrapeConfig {
-            dialect: self
-                .spec
-                .engine
-                .as_str()
-                .parse()
-                .expect("config engines and signal dialects have the same names"),
-            interval: metrics.interval(),
-            timeout: metrics.timeout(),
+    /// What the picker needs of `request`: its prompt is hashed for prefix
+    /// affinity only when the pool's policy looks at it.
+    pub fn pick_request(
+        &self,
+        request: &InferenceRequest<'_>,
+        adapter: Option<&str>,
+        explain: bool,
+    ) -> OwnedPick {
+        let config = self.picker.config();
+        let prefix_hashes = if config.uses_prompt_hashes(explain) {
+            request.prompt_hashes(adapter, &config.prefix).into()
+        } else {
+            Arc::default()
         };
+        OwnedPick {
+            adapter: adapter.map(str::to_owned),
+            prefix_hashes,
+            estimated_tokens: request.estimated_tokens,
+            explain,
+        }
+    }
+
+    /// Apply one generation's settings of this pool: the picker's
+    /// configuration, and the membership `addrs`.
+    pub fn configure(
+        &self,
+        spec: &config::Pool,
+        addrs: &[String],
+        metrics: &Metrics,
+        connect_timeout: Duration,
+    ) {
+        self.picker.set_config(picker_config(spec));
+        let m = &spec.scheduling.metrics;
+        let scrape = signals::ScrapeConfig {
+            dialect: spec.engine,
+            interval: m.interval(),
+            timeout: m.timeout(),
+        };
+        self.reconcile(addrs, scrape, metrics, connect_timeout);
+    }
+
+    /// The one way membership changes. A replica that stays keeps its
+    /// endpoint (its load, its id, its scraper); a newcomer gets a fresh
+    /// id and a scraper; a leaver is no longer picked, its scraper stops,
+    /// and its requests in flight run to their end (they hold its
+    /// endpoint), after which its idle connections expire.
+    pub fn reconcile(
+        &self,
+        addrs: &[String],
+        scrape: signals::ScrapeConfig,
+        metrics: &Metrics,
+        connect_timeout: Duration,
+    ) {
+        let mut members = self.members.lock();
+        let old = self.picker.endpoints();
+        if members.scrape.as_ref() != Some(&scrape) {
+            members.scrapers.clear();
+            members.scrape = Some(scrape);
+        }
+        let mut endpoints: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            if endpoints.iter().any(|e| &*e.addr == addr.as_str()) {
+                continue;
+            }
+            let endpoint = match old.iter().find(|e| &*e.addr == addr.as_str()) {
+                Some(kept) => Arc::clone(kept),
+                None => {
+                    let id = members.next_id;
+                    members.next_id += 1;
+                    Endpoint::new(id, addr.as_str())
+                }
+            };
+            endpoints.push(endpoint);
+        }
+        members
+            .scrapers
+            .retain(|addr, _| endpoints.iter().any(|e| e.addr == *addr));
         // Below the scrape timeout, so a replica that never answers the
         // handshake shows as unreachable rather than slow.
-        let client = signals::ScrapeClient::new(cfg.timeout.min(connect_timeout));
-        self.scrapers = self
-            .picker
-            .endpoints()
-            .iter()
-            .map(|e| {
-                // Fresh signals may show room for requests waiting in line.
-                let admission = Arc::clone(&self.admission);
-                let metrics = self.metrics.endpoint(e);
-                signals::spawn_reporting_scraper(
-                    Arc::clone(e),
-                    cfg,
-                    client.clone(),
-                    move |_, report| {
-                        metrics.observe_scrape(report);
-                        admission.wake()
-                    },
-                )
-            })
-            .collect();
+        let client = signals::ScrapeClient::new(scrape.timeout.min(connect_timeout));
+        for e in &endpoints {
+            if members.scrapers.contains_key(&e.addr) {
+                continue;
+            }
+            // Fresh signals may show room for requests waiting in line.
+            let admission = Arc::clone(&self.admission);
+            let metrics = metrics.endpoint(&self.name, &e.addr);
+            let scraper = signals::spawn_reporting_scraper(
+                Arc::clone(e),
+                scrape,
+                client.clone(),
+                move |_, report| {
+                    metrics.observe_scrape(report);
+                    admission.wake()
+                },
+            );
+            members.scrapers.insert(Arc::clone(&e.addr), scraper);
+        }
+        self.picker.replace_endpoints(endpoints);
+        // Newcomers may have room for requests waiting in line.
+        self.admission.wake();
     }
 
     /// Ready when at least one replica can be picked: it is reachable and,
@@ -126,11 +213,51 @@ impl PoolRuntime {
     }
 }
 
-impl Drop for PoolRuntime {
+impl Drop for Runtime {
     fn drop(&mut self) {
-        if let Some(dispatcher) = &self.dispatcher {
-            dispatcher.abort();
+        self.dispatcher.abort();
+    }
+}
+
+/// A pool as this generation configures it, over the runtime it shares
+/// with the generations before and after it.
+pub struct Pool {
+    runtime: Arc<Runtime>,
+    metrics: PoolMetrics,
+    engine: signals::Dialect,
+    max_retries: usize,
+}
+
+impl Pool {
+    pub fn new(runtime: Arc<Runtime>, metrics: PoolMetrics, spec: &config::Pool) -> Self {
+        Self {
+            runtime,
+            metrics,
+            engine: spec.engine,
+            max_retries: spec.retry.max_retries() as usize,
         }
+    }
+
+    pub fn name(&self) -> &Arc<str> {
+        self.runtime.name()
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Metric handles for this pool, its models and its replicas.
+    pub fn metrics(&self) -> &PoolMetrics {
+        &self.metrics
+    }
+
+    pub fn engine(&self) -> signals::Dialect {
+        self.engine
+    }
+
+    /// Other replicas a request may try when none of it was sent.
+    pub fn max_retries(&self) -> usize {
+        self.max_retries
     }
 }
 
@@ -157,19 +284,11 @@ pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
         saturation.kv_cache = sat.kv_cache.unwrap_or(saturation.kv_cache);
     }
     picker::PickerConfig {
-        policy: match spec.policy() {
-            config::Policy::Scored => picker::Policy::Scored,
-            config::Policy::RoundRobin => picker::Policy::RoundRobin,
-            config::Policy::LeastRequest => picker::Policy::LeastRequest,
-            config::Policy::Random => picker::Policy::Random,
-        },
+        policy: spec.policy(),
         weights,
         saturation,
         stale_after: s.metrics.stale_after.unwrap_or(defaults.stale_after),
-        fallback: match s.fallback {
-            config::Fallback::LeastRequest => picker::Fallback::LeastRequest,
-            config::Fallback::Refuse => picker::Fallback::Refuse,
-        },
+        fallback: s.fallback,
         ..defaults
     }
 }

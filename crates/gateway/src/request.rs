@@ -42,7 +42,7 @@ pub struct InferenceRequest<'a> {
 
 impl<'a> InferenceRequest<'a> {
     pub fn parse(body: &'a [u8]) -> Result<Self, ApiError> {
-        let fields = match Fields::parse(body) {
+        let fields = match BodyFields::parse(body) {
             Ok(Some(fields)) => fields,
             // Not an object, or not JSON: the full parse words the error.
             Ok(None) | Err(_) => return Err(full_parse_error(body)),
@@ -183,7 +183,7 @@ fn text_len(v: &Json<'_>) -> usize {
 /// The body's top-level fields the gateway reads. Later duplicates replace
 /// earlier ones, as in a parsed [`Value`].
 #[derive(Default)]
-struct Fields<'a> {
+struct BodyFields<'a> {
     model: Option<Json<'a>>,
     stream: bool,
     max_completion_tokens: Option<Json<'a>>,
@@ -198,7 +198,7 @@ struct Prompt<'a> {
     input: Option<Json<'a>>,
 }
 
-impl<'a> Fields<'a> {
+impl<'a> BodyFields<'a> {
     /// `None` when the body is JSON but not an object.
     fn parse(body: &'a [u8]) -> serde_json::Result<Option<Self>> {
         let mut de = serde_json::Deserializer::from_slice(body);
@@ -211,14 +211,14 @@ impl<'a> Fields<'a> {
 struct TopVisitor;
 
 impl<'de> Visitor<'de> for TopVisitor {
-    type Value = Option<Fields<'de>>;
+    type Value = Option<BodyFields<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = Fields::default();
+        let mut fields = BodyFields::default();
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "model" => fields.model = Some(map.next_value()?),

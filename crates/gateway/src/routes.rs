@@ -2,37 +2,41 @@
 //! answer built from the same table.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::json;
 
 use crate::error::ApiError;
+use crate::pool::Pool;
 
 /// Where a model name goes.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Route {
-    pub pool: usize,
+    pub pool: Arc<Pool>,
     /// Set when the name is a LoRA adapter rather than a base model.
     pub adapter: Option<String>,
 }
 
-#[derive(Debug)]
 pub struct ModelTable {
     routes: HashMap<String, Route>,
     /// `GET /v1/models`, rendered once.
     models_json: Bytes,
+    /// `GET /v1/models/{id}`, by id, rendered once.
+    model_json: HashMap<String, Bytes>,
 }
 
 impl ModelTable {
-    pub fn new(pools: &[config::Pool]) -> Self {
+    /// `specs` and `pools` in the same order.
+    pub fn new(specs: &[config::Pool], pools: &[Arc<Pool>]) -> Self {
         let mut routes = HashMap::new();
         let mut data = Vec::new();
-        for (i, pool) in pools.iter().enumerate() {
+        for (pool, runtime) in specs.iter().zip(pools) {
             for model in &pool.models {
                 routes.insert(
                     model.clone(),
                     Route {
-                        pool: i,
+                        pool: Arc::clone(runtime),
                         adapter: None,
                     },
                 );
@@ -45,7 +49,7 @@ impl ModelTable {
                 routes.insert(
                     adapter.clone(),
                     Route {
-                        pool: i,
+                        pool: Arc::clone(runtime),
                         adapter: Some(adapter.clone()),
                     },
                 );
@@ -55,10 +59,20 @@ impl ModelTable {
                 }));
             }
         }
+        let model_json = data
+            .iter()
+            .map(|m| {
+                (
+                    m["id"].as_str().unwrap_or_default().to_owned(),
+                    Bytes::from(m.to_string()),
+                )
+            })
+            .collect();
         let models_json = Bytes::from(json!({"object": "list", "data": data}).to_string());
         Self {
             routes,
             models_json,
+            model_json,
         }
     }
 
@@ -70,5 +84,13 @@ impl ModelTable {
 
     pub fn models_json(&self) -> Bytes {
         self.models_json.clone()
+    }
+
+    /// One model or adapter as `GET /v1/models/{id}` shows it.
+    pub fn model_json(&self, id: &str) -> Result<Bytes, ApiError> {
+        self.model_json
+            .get(id)
+            .cloned()
+            .ok_or_else(|| ApiError::model_not_found(id))
     }
 }

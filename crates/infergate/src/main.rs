@@ -1,10 +1,18 @@
 //! The `infergate` command: wiring only. Each subcommand hands over to the
 //! crate that does the work.
 
+mod lifecycle;
+mod simulated;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Parser, Subcommand};
+use config::LogFormat;
+
+use crate::lifecycle::{Overrides, Signal, Signals};
+use crate::simulated::Fleets;
 
 // The proxy path allocates and frees many small, short-lived buffers per
 // request (headers, body chunks, futures); mimalloc serves them in about
@@ -38,16 +46,18 @@ const DEMO_CONFIG: &str = include_str!("../../../examples/demo.yaml");
 )]
 struct Cli {
     /// Log format: readable text or one JSON object per line.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "INFERGATE_LOG_FORMAT")]
+    #[arg(long, global = true, value_parser = log_format_parser(), default_value = LogFormat::default().as_str(), env = "INFERGATE_LOG_FORMAT")]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
+/// `--log-format`: the config's names for log formats.
+fn log_format_parser() -> impl TypedValueParser<Value = LogFormat> {
+    PossibleValuesParser::new(LogFormat::ALL.map(LogFormat::as_str)).map(|name| {
+        name.parse::<LogFormat>()
+            .expect("every possible value is a format")
+    })
 }
 
 #[derive(Subcommand)]
@@ -69,7 +79,10 @@ enum Command {
     /// Validate a config and print every problem with its path. Exit
     /// status 0 when valid, 1 when not.
     Check {
-        #[arg(long, short)]
+        /// The InferenceGatewayConfig YAML document to check: every check
+        /// `serve` makes, the simulator's for simulated pools included,
+        /// without starting anything.
+        #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
     },
     /// Run simulated model servers (vLLM-compatible API and /metrics).
@@ -122,13 +135,17 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &std::path::Path) -> ExitCode {
-    match config::load_file(path) {
+    match config::load_file_with(path, simulated::problems) {
         Ok(_) => {
             println!("{}: valid", path.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("{}: invalid", path.display());
+            match e.problems().len() {
+                0 => eprintln!("{}: invalid", path.display()),
+                1 => eprintln!("{}: invalid, 1 problem:", path.display()),
+                n => eprintln!("{}: invalid, {n} problems:", path.display()),
+            }
             eprintln!("{e}");
             ExitCode::FAILURE
         }
@@ -143,26 +160,37 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let demo = path.is_none();
     let mut config = match &path {
-        Some(p) => config::load_file(p)?,
+        Some(p) => config::load_file_with(p, simulated::problems)?,
         None => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),
     };
-    if let Some(address) = listen {
-        config.spec.listeners[0].address = address;
-    }
-    if let Some(address) = admin_listen {
-        config.spec.admin = Some(config::Admin { address });
-    }
-    let config = config::validated(config)?;
+    let overrides = Overrides {
+        listen,
+        admin_listen,
+    };
+    overrides.apply(&mut config);
+    let mut config = config::validated(config)?;
     let telemetry = init_logging(log_format, &config.spec.telemetry)?;
     gateway::telemetry::panics::install_hook();
     check_descriptor_limit(&config);
+    let mut signals = Signals::install()?;
+    let mut fleets = Fleets::default();
+    let prepared = fleets.prepare(&mut config).await?;
     let gateway = gateway::Gateway::start(&config).await?;
+    fleets.commit(prepared);
     if demo {
         print_demo_banner(&gateway, &config);
     }
-    wait_for_signal().await;
-    tracing::info!("shutting down: draining in-flight requests");
-    let drained = gateway.shutdown().await;
+    while let Signal::Reload = signals.next().await {
+        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets).await;
+    }
+    tracing::info!("shutting down: draining in-flight requests (a second signal stops at once)");
+    let drained = tokio::select! {
+        drained = gateway.shutdown() => drained,
+        () = signals.next_stop() => {
+            tracing::warn!("second signal: stopping now; requests still in flight are cut");
+            false
+        }
+    };
     telemetry.shutdown().await;
     Ok(if drained {
         ExitCode::SUCCESS
@@ -213,20 +241,6 @@ fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatew
     println!("Press Ctrl-C to stop.");
 }
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("cannot listen for SIGTERM");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// Logs on stderr in `format` (filter from `INFERGATE_LOG`, default
 /// `info`), the access log and trace export as `telemetry` says. Keep the
 /// guard while the process runs.
@@ -234,10 +248,6 @@ fn init_logging(
     format: LogFormat,
     telemetry: &config::Telemetry,
 ) -> anyhow::Result<gateway::telemetry::TelemetryGuard> {
-    let format = match format {
-        LogFormat::Text => config::LogFormat::Text,
-        LogFormat::Json => config::LogFormat::Json,
-    };
     gateway::telemetry::init(format, telemetry)
 }
 

@@ -55,6 +55,92 @@ fn check_lists_every_problem_and_fails() {
     );
 }
 
+/// Runs `check` on `yaml`: its exit code and what it printed on stderr.
+fn check(yaml: &str) -> (Option<i32>, String) {
+    let cfg = write_config(yaml);
+    let out = infergate()
+        .args(["check", "--config"])
+        .arg(cfg.path())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// serde stops at the first unknown field; `check` goes on.
+#[test]
+fn check_reports_every_typo_in_one_run() {
+    let (code, stderr) = check(concat!(
+        "apiVersion: infergate.dev/v1alpha1\n",
+        "kind: InferenceGatewayConfig\n",
+        "spec:\n",
+        "  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n",
+        "  limits: {maxBodyByte: 1024}\n",
+        "  pools:\n",
+        "    - {name: a, models: [m1], endpoints: [\"127.0.0.1:1\"]}\n",
+        "    - {name: b, models: [m2], endpoints: [\"127.0.0.1:2\"], scheduling: {polcy: scored}}\n",
+    ));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(": invalid, 2 problems:"), "{stderr}");
+    for expected in [
+        "spec.limits.maxBodyByte: unknown field `maxBodyByte`",
+        "spec.pools[1].scheduling.polcy: unknown field `polcy`",
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(expected))
+            .unwrap_or_else(|| panic!("no {expected:?} in\n{stderr}"));
+        assert!(line.contains("did you mean"), "{line}");
+    }
+}
+
+/// Pools `serve` cannot start are refused by `check`, every one, each at
+/// the field to change and in the config's terms.
+#[test]
+fn check_refuses_simulated_pools_the_simulator_would_refuse() {
+    let (code, stderr) = check(concat!(
+        "apiVersion: infergate.dev/v1alpha1\n",
+        "kind: InferenceGatewayConfig\n",
+        "spec:\n",
+        "  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n",
+        "  pools:\n",
+        "    - {name: a, models: [m1], simulated: {replicas: 1, hardware: [h100], model: gpt-5}}\n",
+        "    - {name: b, models: [m2], simulated: {replicas: 1, hardware: [b200], model: llama-3.1-8b}}\n",
+        "    - {name: c, models: [m3], simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b, tensorParallel: 3}}\n",
+        "    - {name: d, models: [m4], adapters: [d-lora], simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b, maxLoras: 0}}\n",
+        "    - {name: e, models: [m5], adapters: [e-lora], simulated: {replicas: 1, hardware: [l4], model: llama-3.1-8b, maxLoras: 2}}\n",
+    ));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(": invalid, 5 problems:"), "{stderr}");
+    let known_gpus = sim::engine::hardware_names().join(", ");
+    for expected in [
+        r#"spec.pools[0].simulated.model: "gpt-5" is not a model the simulator knows; known: llama-3.1-8b"#.to_owned(),
+        format!(r#"spec.pools[1].simulated.hardware[0]: "b200" is not a known GPU; known: {known_gpus}"#),
+        "spec.pools[2].simulated.tensorParallel: 3 GPUs per replica do not suit llama-3.1-8b".to_owned(),
+        "spec.pools[3].simulated.maxLoras: 0 turns LoRA off, but the pool serves adapters (d-lora)".to_owned(),
+        "spec.pools[4].simulated.maxLoras: 2 LoRA slots per replica leave llama-3.1-8b on l4".to_owned(),
+    ] {
+        assert!(
+            stderr.lines().any(|l| l.starts_with(&expected)),
+            "no {expected:?} in\n{stderr}"
+        );
+    }
+    // Advice in the config's terms, not the engine's.
+    for engine_setting in [
+        "max_model_len",
+        "gpu_memory_utilization",
+        "tensor_parallel",
+        "max_loras",
+    ] {
+        assert!(
+            !stderr.contains(engine_setting),
+            "{engine_setting} in\n{stderr}"
+        );
+    }
+}
+
 #[test]
 fn check_reports_unreadable_files() {
     let out = infergate()
@@ -74,6 +160,92 @@ fn help_describes_every_subcommand() {
     }
     let out = infergate().args(["serve", "--help"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--config"));
+}
+
+#[test]
+fn check_help_describes_its_config_option() {
+    let out = infergate().args(["check", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let option = text
+        .lines()
+        .find_map(|line| line.trim_start().strip_prefix("-c, --config <FILE>"))
+        .unwrap_or_else(|| panic!("no --config option in\n{text}"));
+    assert!(
+        option
+            .trim_start()
+            .starts_with("The InferenceGatewayConfig YAML document"),
+        "{text}"
+    );
+}
+
+/// The README's way to try examples/static.yaml without servers: its
+/// `infergate sim` lines start a replica at every endpoint of the example,
+/// serving the pool's model, adapters and metrics dialect, and the
+/// example's ports are not the demo's, so both run at once.
+#[test]
+fn the_readme_sim_lines_stand_in_for_every_endpoint_of_the_static_example() {
+    #[derive(clap::Parser)]
+    #[command(name = "infergate")]
+    enum Cli {
+        Sim(sim::cli::SimArgs),
+    }
+
+    let readme = include_str!("../../../README.md");
+    assert!(readme.contains("\ninfergate serve --config examples/static.yaml\n"));
+    let fleets: Vec<sim::FleetSpec> = readme
+        .lines()
+        .filter(|line| line.starts_with("infergate sim "))
+        .map(|line| {
+            let words = line.trim_end_matches('&').split_whitespace();
+            match <Cli as clap::Parser>::try_parse_from(words) {
+                Ok(Cli::Sim(args)) => args.fleet_spec(),
+                Err(e) => panic!("{line}: {e}"),
+            }
+        })
+        .collect();
+    assert!(!fleets.is_empty(), "no `infergate sim` line in the README");
+
+    let example = config::from_yaml(include_str!("../../../examples/static.yaml")).unwrap();
+    for pool in &example.spec.pools {
+        for endpoint in &pool.endpoints {
+            let fleet = fleets
+                .iter()
+                .find(|fleet| {
+                    (0..fleet.replicas).any(|i| {
+                        let port = usize::from(fleet.base_port.unwrap_or(0)) + i;
+                        format!("{}:{port}", fleet.host) == *endpoint
+                    })
+                })
+                .unwrap_or_else(|| panic!("no README sim line serves {endpoint}"));
+            let served = fleet
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| sim::engine::model(&fleet.model).unwrap().hf_id.to_owned());
+            assert_eq!(served, pool.base_model(), "{endpoint}");
+            for adapter in &pool.adapters {
+                assert!(fleet.adapters.contains(adapter), "{endpoint}: {adapter}");
+            }
+            assert_eq!(fleet.dialect, pool.engine, "{endpoint}");
+            fleet.validate().unwrap();
+        }
+    }
+
+    let ports = |c: &config::InferenceGatewayConfig| -> Vec<String> {
+        c.spec
+            .listeners
+            .iter()
+            .map(|l| l.address.clone())
+            .chain(c.spec.admin.iter().map(|a| a.address.clone()))
+            .map(|a| a.rsplit_once(':').unwrap().1.to_owned())
+            .collect()
+    };
+    let demo = config::from_yaml(include_str!("../../../examples/demo.yaml")).unwrap();
+    for port in ports(&example) {
+        assert!(
+            !ports(&demo).contains(&port),
+            "the demo uses port {port} too"
+        );
+    }
 }
 
 /// The README's first command: `infergate serve` with no config starts the
@@ -134,4 +306,143 @@ fn quickstart_demo_serves_a_completion() {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     assert_eq!(resp["object"], "chat.completion", "{resp}");
     assert_eq!(resp["usage"]["completion_tokens"], 8, "{resp}");
+}
+
+/// A running `infergate serve --config FILE`, its log lines on a channel.
+struct Served {
+    child: std::process::Child,
+    logs: std::sync::mpsc::Receiver<String>,
+    addr: String,
+}
+
+impl Served {
+    fn start(config: &std::path::Path) -> Self {
+        let mut child = infergate()
+            .args(["serve", "--log-format", "json", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (tx, logs) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut served = Self {
+            child,
+            logs,
+            addr: String::new(),
+        };
+        let line = served.wait_for("\"listening\"");
+        let log: serde_json::Value = serde_json::from_str(&line).unwrap();
+        served.addr = log["fields"]["addr"]
+            .as_str()
+            .or(log["addr"].as_str())
+            .unwrap_or_else(|| panic!("no addr in {line}"))
+            .to_owned();
+        served
+    }
+
+    /// The next log line containing `needle` (within 60 s).
+    fn wait_for(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.logs.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle}: {e}"),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name}");
+    }
+
+    fn models(&self) -> Vec<String> {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "10"])
+            .arg(format!("http://{}/v1/models", self.addr))
+            .output()
+            .unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn simulated_config(model: &str, time_scale: f64) -> String {
+    format!(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]\n  pools:\n    - {{name: p, models: [{model}], simulated: {{replicas: 1, hardware: [a10g], model: llama-3.1-8b, timeScale: {time_scale}}}}}\n"
+    )
+}
+
+#[test]
+fn sighup_reloads_the_config_file_and_a_bad_file_changes_nothing() {
+    let file = write_config(&simulated_config("model-a", 0.01));
+    let served = Served::start(file.path());
+    assert_eq!(served.models(), ["model-a"]);
+
+    std::fs::write(file.path(), simulated_config("model-b", 0.01)).unwrap();
+    served.signal("HUP");
+    served.wait_for("config reloaded");
+    assert_eq!(served.models(), ["model-b"]);
+
+    std::fs::write(file.path(), "spec: [not, a, config]").unwrap();
+    served.signal("HUP");
+    served.wait_for("reload refused");
+    assert_eq!(served.models(), ["model-b"], "the running config stays");
+}
+
+#[test]
+fn a_second_stop_signal_during_the_drain_stops_at_once() {
+    // Real time: the request below takes minutes, so the drain would wait.
+    let file = write_config(&simulated_config("m", 1.0));
+    let mut served = Served::start(file.path());
+    let mut request = Command::new("curl")
+        .args(["-s", "-N", "--max-time", "120", "-H", "content-type: application/json", "-d"])
+        .arg(r#"{"model": "m", "stream": true, "max_tokens": 4000, "messages": [{"role": "user", "content": "hi"}]}"#)
+        .arg(format!("http://{}/v1/chat/completions", served.addr))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The stream has started once its first event arrives.
+    // Kept open to the end: a closed pipe would end the request, and the
+    // drain with it.
+    let mut stream = BufReader::new(request.stdout.take().unwrap());
+    let mut first = String::new();
+    stream.read_line(&mut first).unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+
+    served.signal("TERM");
+    served.wait_for("shutting down");
+    served.signal("TERM");
+    served.wait_for("second signal");
+    let status = served.child.wait().unwrap();
+    assert_eq!(status.code(), Some(1), "a cut drain is a failure");
+    let _ = request.kill();
+    let _ = request.wait();
+    drop(stream);
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use picker::{
-    Endpoint, EngineState, Observation, PickRequest, PickerConfig, Policy, Pool, PrefixConfig,
+    Endpoint, EngineState, Observation, PickRequest, Picker, PickerConfig, Policy, PrefixConfig,
     prompt_hashes,
 };
 use rand::SeedableRng;
@@ -54,7 +54,7 @@ fn hashes_of(body: &Value) -> Vec<u64> {
 /// `replicas` fresh, unsaturated replicas with varied load, and a prefix
 /// index holding the shared system prompt everywhere, background traffic,
 /// and the benchmarked conversation's earlier turns on one replica.
-fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Pool {
+fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Picker {
     let endpoints: Vec<Arc<Endpoint>> = (0..replicas)
         .map(|i| {
             let endpoint = Endpoint::new(i, format!("10.0.{}.{}:8000", i / 250, i % 250));
@@ -73,7 +73,7 @@ fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Pool {
             endpoint
         })
         .collect();
-    let pool = Pool::new(PickerConfig::default(), endpoints.clone());
+    let pool = Picker::new(PickerConfig::default(), endpoints.clone());
     for (replica, endpoint) in endpoints.iter().enumerate() {
         for k in 0..BACKGROUND_PROMPTS_PER_REPLICA {
             let background = hashes_of(&chat_body(1_000_000 + replica * 100 + k, 3));

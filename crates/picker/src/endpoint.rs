@@ -3,46 +3,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::glance::{Glance, GlanceCell};
-
-/// What a replica's engine reported in its last good `/metrics` scrape.
-/// A field is `None` when the engine's dialect does not expose it: unknown
-/// is not zero.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EngineState {
-    /// Requests queued in the engine, not yet scheduled.
-    pub waiting: Option<u64>,
-    /// Requests in the running batch.
-    pub running: Option<u64>,
-    /// Fraction of the KV cache in use, 0..=1.
-    pub kv_usage: Option<f64>,
-    /// Tokens per KV block.
-    pub block_size: Option<u32>,
-    /// KV cache capacity in blocks.
-    pub kv_capacity_blocks: Option<u64>,
-    /// LoRA adapters loaded in GPU memory.
-    pub resident_adapters: Vec<String>,
-    /// LoRA adapters that requests are waiting for.
-    pub waiting_adapters: Vec<String>,
-    /// Adapter slots (`max_loras`).
-    pub max_adapters: Option<u32>,
-}
-
-/// The latest result of watching one replica. Replaced as a whole on every
-/// scrape so readers always see a consistent view.
-#[derive(Debug, Clone, Default)]
-pub struct Observation {
-    /// Engine state from the last good scrape, if there has been one.
-    pub state: Option<Arc<EngineState>>,
-    /// When the last good scrape completed.
-    pub last_good: Option<Instant>,
-    /// Why the most recent scrape failed; `None` when it succeeded.
-    pub last_error: Option<String>,
-}
+use crate::observation::Observation;
+use crate::summary::{ObservationSummary, SummaryCell};
 
 /// Requests and estimated tokens this gateway has in flight to a replica.
 /// Only [`LoadGuard`] changes it, so every path (success, error, client
@@ -123,8 +88,8 @@ pub struct Endpoint {
     /// Written by the scraper, read by the picker; never blocks either.
     observation: ArcSwap<Observation>,
     /// The figures of `observation` every scored pick reads, in plain
-    /// atomics (see [`crate::glance`]).
-    glance: GlanceCell,
+    /// atomics (see [`crate::summary`]).
+    summary: SummaryCell,
     /// Serialises [`Endpoint::observe`] calls (one scraper per endpoint, so
     /// never contended).
     observing: Mutex<()>,
@@ -145,7 +110,7 @@ impl Endpoint {
             index,
             load: Load::default(),
             observation: ArcSwap::from_pointee(Observation::default()),
-            glance: GlanceCell::default(),
+            summary: SummaryCell::default(),
             observing: Mutex::new(()),
             unreachable: AtomicBool::new(false),
             seen_generation: AtomicU64::new(0),
@@ -161,16 +126,19 @@ impl Endpoint {
     /// Replace the observation (after a scrape).
     pub fn observe(&self, observation: Observation) {
         let _one_writer = self.observing.lock().unwrap_or_else(|e| e.into_inner());
-        self.glance.write(&observation);
+        self.summary.write(&observation);
         self.observation.store(Arc::new(observation));
     }
 
     /// What a scored pick needs of the latest observation, without loading
     /// it.
-    pub fn glance(&self) -> Glance {
-        self.glance
+    // Inlined into the per-replica loop of a pick, wherever codegen
+    // units fall.
+    #[inline]
+    pub fn summary(&self) -> ObservationSummary {
+        self.summary
             .read()
-            .unwrap_or_else(|| Glance::of(&self.observation()))
+            .unwrap_or_else(|| ObservationSummary::of(&self.observation()))
     }
 
     /// Requests this gateway has added to the replica since the observation

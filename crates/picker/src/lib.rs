@@ -5,31 +5,43 @@
 //! benchmark.
 //!
 //! - [`policy`]: configuration and every default, with reasons.
+//! - [`observation`]: what the scraper last saw of a replica's engine.
 //! - [`health`](mod@health): when a replica's metrics can be trusted.
-//! - [`glance`]: the figures of an observation every pick reads, cheaply.
+//! - [`summary`]: the figures of an observation every pick reads, kept in
+//!   a sequence lock so reading them is cheap.
+//! - [`endpoint`]: a replica, its in-flight load and its observation.
 //! - [`prefix`]: prompt hashing and the prefix-cache affinity index.
 //! - [`scorers`]: one score in `[0, 1]` per candidate and signal.
-//! - [`drain`]: the `Retry-After` estimate for a saturated pool.
-//! - [`Pool`]: membership snapshot, the pick, and the prefix record.
+//! - [`retry_after`]: the `Retry-After` estimate for a saturated pool.
+//! - [`Picker`]: membership snapshot, the pick, and the prefix record.
 //! - [`explain`]: per-candidate scores for logs and headers.
+//! - [`flow`]: flow control's priority bands and waiting queue (a leaf).
+//!
+//! Modules depend one way, never back: `observation` ← `health` ←
+//! `summary` (over the leaf `seqlock`) ← `endpoint` ← `explain` ← `pool`,
+//! with `policy`, `prefix`, `scorers` and `retry_after` below `pool`.
 
-pub mod drain;
 pub mod endpoint;
 pub mod explain;
-pub mod glance;
+pub mod flow;
 pub mod health;
+pub mod observation;
 pub mod policy;
 pub mod pool;
 pub mod prefix;
+pub mod retry_after;
 pub mod scorers;
+mod seqlock;
+pub mod summary;
 
-pub use drain::estimate_retry_after;
-pub use endpoint::{Endpoint, EngineState, Load, LoadGuard, Observation};
+pub use endpoint::{Endpoint, Load, LoadGuard};
 pub use explain::{CandidateScore, ScoresHeader, TopScores};
 pub use health::{Health, health};
+pub use observation::{EngineState, Observation};
 pub use policy::{
     Fallback, InflightTolerance, PickerConfig, Policy, PrefixConfig, Saturation, Weights,
 };
-pub use pool::{Decision, PickError, PickRequest, Pool};
+pub use pool::{Decision, PickError, PickRequest, Picker};
 pub use prefix::{PrefixIndex, PromptHasher, PromptValue, prompt_hashes};
+pub use retry_after::estimate_retry_after;
 pub use scorers::{LoraFit, Scorer, Signals};

@@ -9,22 +9,24 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How a pool chooses a replica.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+/// How a pool chooses a replica. The serde names are the config names
+/// ([`Policy::name`]); variants are listed in the order a config error
+/// offers them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
+    /// Filter healthy, unsaturated replicas, score them with the weighted
+    /// scorers and take the best. The default: it is the point of the product.
+    #[default]
+    Scored,
     /// Next replica in turn. Ignores every signal.
     RoundRobin,
     /// Fewest requests this gateway has in flight. Ignores scraped signals.
     LeastRequest,
     /// Uniformly at random. Ignores every signal.
     Random,
-    /// Filter healthy, unsaturated replicas, score them with the weighted
-    /// scorers and take the best. The default: it is the point of the product.
-    #[default]
-    Scored,
 }
 
 impl Policy {
@@ -236,7 +238,7 @@ impl Default for Saturation {
 /// What [`Policy::Scored`] does when no replica has fresh, healthy metrics
 /// but some are reachable (for example the metrics port is down while the
 /// serving port works).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Fallback {
     /// Keep serving: pick the reachable replica with the fewest requests in

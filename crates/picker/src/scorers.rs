@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::endpoint::EngineState;
+use crate::observation::EngineState;
 use crate::policy::{InflightTolerance, Weights};
 
 /// What the scorers know about one candidate, extracted once per pick.

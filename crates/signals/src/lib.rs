@@ -6,12 +6,14 @@
 //! and the picker judges it with [`health()`].
 
 pub mod dialect;
-pub mod health;
 pub mod prom;
 pub mod scrape;
 
 pub use dialect::{Dialect, UnknownDialect};
-pub use health::{Health, health};
+// The health rule lives in `picker`, next to the `Observation` it judges
+// (the picker filters on it and cannot depend on this crate); re-exported
+// so users of the scraper find it beside the code that fills observations.
+pub use picker::{Health, health};
 pub use prom::ParseError;
 pub use scrape::{
     ScrapeClient, ScrapeConfig, ScrapeError, ScrapeReport, Scraper, spawn_reporting_scraper,

@@ -5,7 +5,9 @@ use std::net::IpAddr;
 
 use crate::faults::{Faults, MetricsFault};
 use crate::fleet::{Fleet, FleetSpec, start_fleet};
-use crate::metrics::Dialect;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+
+use crate::metrics::{self, Dialect};
 
 /// Simulated model servers (vLLM-like engines on simulated GPUs) behind
 /// OpenAI-compatible HTTP endpoints with Prometheus `/metrics`.
@@ -48,7 +50,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
     /// Which engine's /metrics names to speak.
-    #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
+    #[arg(long, value_parser = dialect_parser(), default_value = Dialect::default().as_str())]
     pub dialect: Dialect,
     /// Seed of answer lengths, answer words and injected errors.
     #[arg(long, default_value_t = 0)]
@@ -66,6 +68,25 @@ pub struct SimArgs {
     /// Fault: every engine step takes this many times longer.
     #[arg(long, default_value_t = 1.0)]
     pub slowdown: f64,
+}
+
+/// `--dialect`: the dialects the simulator renders, each with the metric
+/// names that mark it.
+fn dialect_parser() -> impl TypedValueParser<Value = Dialect> {
+    let values = metrics::DIALECTS.map(|dialect| {
+        let help = match dialect {
+            Dialect::Vllm => {
+                "vLLM V1 (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, ...)"
+            }
+            Dialect::Sglang => "SGLang (`sglang:num_running_reqs`, `sglang:token_usage`, ...)",
+            Dialect::Tgi => "Hugging Face TGI (`tgi_queue_size`, `tgi_batch_current_size`, ...)",
+            Dialect::Llamacpp => "llama.cpp server (`llamacpp:requests_processing`, ...)",
+            Dialect::Trtllm | Dialect::Triton | Dialect::None => unreachable!("not rendered"),
+        };
+        PossibleValue::new(dialect.as_str()).help(help)
+    });
+    PossibleValuesParser::new(values)
+        .map(|name| metrics::parse_dialect(&name).expect("every possible value is a dialect"))
 }
 
 impl SimArgs {

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::engine::{Engine, EngineConfig};
 use crate::faults::{FaultState, Faults};
 use crate::http::{self, AppState, StopMode, StopSignal};
-use crate::metrics::{Dialect, Exporter, ReplicaIdentity};
+use crate::metrics::{self, Dialect, Exporter, ReplicaIdentity};
 use crate::replica::EngineClient;
 
 /// How long a graceful shutdown lets open requests run before closing them.
@@ -37,7 +37,8 @@ pub struct ReplicaSpec {
     pub max_loras: Option<u32>,
     /// Sequences per batch; vLLM's default for the GPU when `None`.
     pub max_num_seqs: Option<u32>,
-    /// Which engine's `/metrics` names to speak.
+    /// Which engine's `/metrics` names to speak: one of
+    /// [`metrics::DIALECTS`].
     pub dialect: Dialect,
     /// Engine seconds per wall second (10 runs the simulated GPU 10× faster
     /// than real time). Latencies in responses' pacing shrink by this factor;
@@ -80,8 +81,9 @@ impl ReplicaSpec {
     /// (unknown names, a model that does not fit, bad settings).
     pub fn engine_config(&self) -> anyhow::Result<EngineConfig> {
         let describe = || format!("{} on {}", self.model, self.hardware);
+        // The profile error stays in the chain, so a caller can tell which
+        // setting is at fault (`downcast_ref::<ProfileError>()`).
         let mut config = EngineConfig::new(&self.hardware, &self.model, self.tensor_parallel)
-            .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(describe)?;
         if let Some(max_loras) = self.max_loras {
             config.max_loras = max_loras;
@@ -91,10 +93,7 @@ impl ReplicaSpec {
             config.max_num_batched_tokens = config.max_num_batched_tokens.max(max_num_seqs);
         }
         config.slowdown = self.faults.slowdown;
-        config
-            .validate()
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .with_context(describe)?;
+        config.validate().with_context(describe)?;
         if !self.adapters.is_empty() && config.max_loras == 0 {
             bail!(
                 "{}: adapters {:?} need max_loras > 0",
@@ -109,6 +108,12 @@ impl ReplicaSpec {
             );
         }
         self.faults.validate().map_err(anyhow::Error::msg)?;
+        if !metrics::renders(self.dialect) {
+            bail!(
+                "the simulator does not render the {} metrics dialect (use vllm, sglang, tgi or llamacpp)",
+                self.dialect
+            );
+        }
         Ok(config)
     }
 }
@@ -230,7 +235,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     let (engine, actor) = EngineClient::spawn(
         Engine::new(config),
         spec.time_scale,
-        spec.dialect.latency_buckets(),
+        metrics::latency_buckets(spec.dialect),
     );
 
     let stop = Arc::new(StopSignal::new());
@@ -336,6 +341,38 @@ impl FleetSpec {
         }
     }
 
+    /// Every check [`start_fleet`] makes before it opens a port, without
+    /// starting anything: the replica count, each GPU × model pair (the
+    /// errors keep their [`ProfileError`](crate::engine::ProfileError)) and
+    /// the adapter names every replica loads.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.replicas == 0 {
+            bail!("a fleet needs at least one replica");
+        }
+        if self.hardware.is_empty() {
+            bail!("a fleet needs at least one hardware profile");
+        }
+        let mut served_model = None;
+        for index in 0..self.replicas.min(self.hardware.len()) {
+            let config = self
+                .replica(index)
+                .engine_config()
+                .with_context(|| format!("replica {index}"))?;
+            served_model.get_or_insert(config.model.hf_id);
+        }
+        let served_model = self.served_model_name.as_deref().or(served_model);
+        // What loading them at start would refuse.
+        for (i, name) in self.adapters.iter().enumerate() {
+            if Some(name.as_str()) == served_model {
+                bail!("adapter {name:?} has the served model's name");
+            }
+            if self.adapters[..i].contains(name) {
+                bail!("adapter {name:?} is listed twice");
+            }
+        }
+        Ok(())
+    }
+
     fn addr(&self, index: usize) -> anyhow::Result<SocketAddr> {
         let port = match self.base_port {
             None => 0,
@@ -380,17 +417,7 @@ impl Fleet {
 /// Starts every replica of `spec`. Every profile is checked before any port
 /// is opened; if a replica fails to start, the ones started are stopped.
 pub async fn start_fleet(spec: FleetSpec) -> anyhow::Result<Fleet> {
-    if spec.replicas == 0 {
-        bail!("a fleet needs at least one replica");
-    }
-    if spec.hardware.is_empty() {
-        bail!("a fleet needs at least one hardware profile");
-    }
-    for index in 0..spec.replicas.min(spec.hardware.len()) {
-        spec.replica(index)
-            .engine_config()
-            .with_context(|| format!("replica {index}"))?;
-    }
+    spec.validate()?;
     let mut replicas = Vec::with_capacity(spec.replicas);
     for index in 0..spec.replicas {
         let started = match spec.addr(index) {
@@ -413,4 +440,66 @@ fn unix_seconds() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dialect_the_simulator_does_not_render_is_refused() {
+        let spec = ReplicaSpec {
+            dialect: Dialect::Triton,
+            ..ReplicaSpec::default()
+        };
+        let message = format!("{:#}", spec.engine_config().unwrap_err());
+        assert!(message.contains("triton"), "{message}");
+    }
+
+    #[test]
+    fn a_fleet_is_validated_without_starting_and_keeps_the_profile_error() {
+        use crate::engine::ProfileError;
+
+        let good = FleetSpec {
+            replicas: 2,
+            hardware: vec!["h100".into(), "a10g".into()],
+            adapters: vec!["sql".into()],
+            ..FleetSpec::default()
+        };
+        good.validate().unwrap();
+
+        // The second GPU is only checked because it is used.
+        let unknown = FleetSpec {
+            hardware: vec!["h100".into(), "b200".into()],
+            ..good.clone()
+        };
+        let error = unknown.validate().unwrap_err();
+        assert!(
+            matches!(
+                error.downcast_ref::<ProfileError>(),
+                Some(ProfileError::UnknownHardware { name }) if name == "b200"
+            ),
+            "{error:#}"
+        );
+        assert!(format!("{error:#}").starts_with("replica 1: "), "{error:#}");
+        FleetSpec {
+            replicas: 1,
+            ..unknown
+        }
+        .validate()
+        .unwrap();
+
+        let twice = FleetSpec {
+            adapters: vec!["sql".into(), "sql".into()],
+            ..good.clone()
+        };
+        let message = format!("{:#}", twice.validate().unwrap_err());
+        assert!(message.contains("listed twice"), "{message}");
+        let served = FleetSpec {
+            served_model_name: Some("sql".into()),
+            ..good
+        };
+        let message = format!("{:#}", served.validate().unwrap_err());
+        assert!(message.contains("served model"), "{message}");
+    }
 }

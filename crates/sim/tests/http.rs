@@ -95,6 +95,7 @@ async fn chat_completion_streams_one_chunk_per_token() {
         .all()
         .await;
     assert_eq!(events.last().unwrap().data, "[DONE]");
+    assert!(events.iter().all(|e| e.event.is_none()), "data-only events");
     let chunks: Vec<Value> = events[..events.len() - 1]
         .iter()
         .map(|e| e.json())
@@ -191,6 +192,431 @@ async fn completions_endpoint_streams_text_chunks() {
         text,
         whole["choices"][0]["text"].as_str().unwrap(),
         "same prompt, same answer"
+    );
+}
+
+fn ttft_seconds(metrics: &Exposition) -> (f64, f64) {
+    let labels = [ENGINE, MODEL_LABEL];
+    (
+        metrics
+            .get("vllm:time_to_first_token_seconds_sum", &labels)
+            .unwrap(),
+        metrics
+            .get("vllm:time_to_first_token_seconds_count", &labels)
+            .unwrap(),
+    )
+}
+
+fn vector(item: &Value) -> Vec<f64> {
+    item["embedding"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no float embedding in {item}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn norm(vector: &[f64]) -> f64 {
+    vector.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+/// Standard padded base64, for checking `encoding_format: "base64"`.
+fn decode_base64(text: &str) -> Vec<u8> {
+    const ALPHABET: &str = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    assert_eq!(text.len() % 4, 0, "padded");
+    let mut out = Vec::new();
+    for chunk in text.as_bytes().chunks(4) {
+        let pad = chunk.iter().filter(|&&c| c == b'=').count();
+        let n = chunk.iter().fold(0u32, |n, &c| {
+            let value = ALPHABET.find(c as char).unwrap_or(0) as u32;
+            n << 6 | value
+        });
+        out.extend(&n.to_be_bytes()[1..4 - pad]);
+    }
+    out
+}
+
+#[tokio::test]
+async fn embeddings_are_deterministic_unit_vectors_with_counted_tokens() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+    let text = "The gateway routes each request to the fastest replica.";
+    let expected_tokens = sim::tokenizer::encode_prompt(text).len() as u64;
+
+    let reply = http
+        .post_json("/v1/embeddings", &json!({"model": MODEL, "input": text}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(
+        reply.headers[http::header::CONTENT_TYPE],
+        "application/json"
+    );
+    let body = reply.json();
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["model"], MODEL);
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1);
+    assert_eq!(data[0]["object"], "embedding");
+    assert_eq!(data[0]["index"], 0);
+    let first = vector(&data[0]);
+    assert_eq!(first.len(), 4096, "Llama-3.1-8B's hidden size");
+    assert!((norm(&first) - 1.0).abs() < 1e-4, "unit length");
+    assert_eq!(body["usage"]["prompt_tokens"], expected_tokens);
+    assert_eq!(body["usage"]["total_tokens"], expected_tokens);
+
+    // The same text gives the same vector, on another replica too.
+    let second = support::replica(fast_spec()).await;
+    let other = Http::new(second.local_addr());
+    let again = other
+        .post_json("/v1/embeddings", &json!({"input": text}))
+        .await
+        .json();
+    assert_eq!(vector(&again["data"][0]), first);
+
+    // A list of strings: one vector each, in order, tokens summed.
+    let batch = http
+        .post_json(
+            "/v1/embeddings",
+            &json!({"model": MODEL, "input": [text, "Something else entirely."]}),
+        )
+        .await
+        .json();
+    let items = batch["data"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[1]["index"], 1);
+    assert_eq!(vector(&items[0]), first);
+    let cosine: f64 = vector(&items[0])
+        .iter()
+        .zip(vector(&items[1]))
+        .map(|(a, b)| a * b)
+        .sum();
+    assert!(
+        cosine.abs() < 0.1,
+        "different texts, unrelated vectors: {cosine}"
+    );
+    let second_tokens = sim::tokenizer::encode_prompt("Something else entirely.").len() as u64;
+    assert_eq!(
+        batch["usage"]["prompt_tokens"],
+        expected_tokens + second_tokens
+    );
+
+    // Token ids, alone or in lists, are counted as sent.
+    for (input, tokens) in [(json!([1, 2, 3]), 3), (json!([[1, 2, 3], [4, 5]]), 5)] {
+        let reply = http
+            .post_json("/v1/embeddings", &json!({"input": input}))
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{input}: {}", reply.text());
+        assert_eq!(reply.json()["usage"]["prompt_tokens"], tokens, "{input}");
+    }
+
+    // `dimensions`: a shorter unit vector, the start of the full one.
+    let short = http
+        .post_json("/v1/embeddings", &json!({"input": text, "dimensions": 256}))
+        .await
+        .json();
+    let short = vector(&short["data"][0]);
+    assert_eq!(short.len(), 256);
+    assert!((norm(&short) - 1.0).abs() < 1e-4);
+    let scale = norm(&first[..256]);
+    assert!(
+        short
+            .iter()
+            .zip(&first)
+            .all(|(s, f)| (s * scale - f).abs() < 1e-4),
+        "truncated and renormalized"
+    );
+
+    // base64: the little-endian f32 bytes of the same vector.
+    let encoded = http
+        .post_json(
+            "/v1/embeddings",
+            &json!({"input": text, "dimensions": 8, "encoding_format": "base64"}),
+        )
+        .await
+        .json();
+    let bytes = decode_base64(encoded["data"][0]["embedding"].as_str().unwrap());
+    let floats: Vec<f64> = bytes
+        .chunks(4)
+        .map(|b| f64::from(f32::from_le_bytes(b.try_into().unwrap())))
+        .collect();
+    assert_eq!(floats.len(), 8);
+    let eight = http
+        .post_json("/v1/embeddings", &json!({"input": text, "dimensions": 8}))
+        .await
+        .json();
+    assert_eq!(floats, vector(&eight["data"][0]));
+}
+
+#[tokio::test]
+async fn embeddings_refuse_what_the_completions_refuse() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+
+    let unknown = http
+        .post_json("/v1/embeddings", &json!({"model": "gpt-4o", "input": "x"}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        unknown.json()["error"]["message"],
+        "The model `gpt-4o` does not exist."
+    );
+    assert_eq!(unknown.json()["error"]["param"], "model");
+
+    for (body, param) in [
+        (json!({"input": []}), "input"),
+        (json!({"input": [[]]}), "input"),
+        (json!({"input": "x", "dimensions": 0}), "dimensions"),
+        (json!({"input": "x", "dimensions": 4097}), "dimensions"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+    ] {
+        let reply = http.post_json("/v1/embeddings", &body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(reply.json()["error"]["param"], param, "{body}");
+    }
+    let too_long = http
+        .post_json("/v1/embeddings", &json!({"input": vec![7; 131_072]}))
+        .await;
+    assert_eq!(too_long.status, StatusCode::BAD_REQUEST);
+    assert!(
+        too_long.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 131072")
+    );
+    let malformed = http.post("/v1/embeddings", "{\"input\": ").await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        http.get("/v1/embeddings").await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+#[tokio::test]
+async fn an_embedding_costs_a_prefill_in_the_engine() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+    // Two documents of the same length in tokens that share nothing, so
+    // neither finds the other in the prefix cache.
+    let document = |word: &str| format!(" {word}").repeat(3000);
+    let (alpha, bravo) = (document("alpha"), document("bravo"));
+    assert_eq!(sim::tokenizer::count(&alpha), sim::tokenizer::count(&bravo));
+
+    let idle = http.metrics().await;
+    let reply = http
+        .post_json("/v1/embeddings", &json!({"input": alpha}))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let prompt_tokens = reply.json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    let embedded = http.metrics().await;
+    let (sum0, count0) = ttft_seconds(&idle);
+    let (sum1, count1) = ttft_seconds(&embedded);
+    assert_eq!(count1 - count0, 1.0, "one engine request per input");
+    let embedding_prefill = sum1 - sum0;
+    assert_eq!(
+        gauge(&embedded, "vllm:prompt_tokens_total") - gauge(&idle, "vllm:prompt_tokens_total"),
+        prompt_tokens
+    );
+    assert_eq!(
+        gauge(&embedded, "vllm:generation_tokens_total")
+            - gauge(&idle, "vllm:generation_tokens_total"),
+        1.0,
+        "no decoding beyond the prefill's one token"
+    );
+
+    // The prompt half of a completion on the same number of tokens.
+    let completion = http
+        .post_json(
+            "/v1/completions",
+            &json!({"prompt": bravo, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(completion.status, StatusCode::OK);
+    let (sum2, _) = ttft_seconds(&http.metrics().await);
+    let completion_prefill = sum2 - sum1;
+    assert!(embedding_prefill > 0.0);
+    let ratio = embedding_prefill / completion_prefill;
+    assert!(
+        (0.8..1.25).contains(&ratio),
+        "embedding {embedding_prefill}s, completion prefill {completion_prefill}s"
+    );
+}
+
+#[tokio::test]
+async fn responses_answer_like_chat_completions() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+
+    let reply = http
+        .post_json(
+            "/v1/responses",
+            &json!({"model": MODEL, "input": "Say hello.", "max_output_tokens": 16}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let body = reply.json();
+    assert_eq!(body["object"], "response");
+    assert!(body["id"].as_str().unwrap().starts_with("resp_"));
+    assert_eq!(body["model"], MODEL);
+    // Cut by max_output_tokens: incomplete, as OpenAI reports it.
+    assert_eq!(body["status"], "incomplete");
+    assert_eq!(body["incomplete_details"]["reason"], "max_output_tokens");
+    let output = body["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1);
+    assert_eq!(output[0]["type"], "message");
+    assert_eq!(output[0]["role"], "assistant");
+    let part = &output[0]["content"][0];
+    assert_eq!(part["type"], "output_text");
+    assert_eq!(part["text"].as_str().unwrap().split(' ').count(), 16);
+    let usage = &body["usage"];
+    assert_eq!(usage["output_tokens"], 16);
+
+    // The same conversation through chat completions: the same prompt
+    // tokens, and without a limit the same answer.
+    let chat_reply = http
+        .post_json("/v1/chat/completions", &chat("Say hello.", json!({})))
+        .await
+        .json();
+    assert_eq!(usage["input_tokens"], chat_reply["usage"]["prompt_tokens"]);
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["input_tokens"].as_u64().unwrap() + 16
+    );
+    let whole = http
+        .post_json(
+            "/v1/responses",
+            &json!({"model": MODEL, "input": [{"role": "user", "content": "Say hello."}]}),
+        )
+        .await
+        .json();
+    assert_eq!(whole["status"], "completed");
+    assert_eq!(whole["incomplete_details"], Value::Null);
+    assert_eq!(
+        whole["output"][0]["content"][0]["text"],
+        chat_reply["choices"][0]["message"]["content"]
+    );
+    assert_eq!(
+        whole["usage"]["output_tokens"],
+        chat_reply["usage"]["completion_tokens"]
+    );
+    assert!(
+        whole["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .is_some()
+    );
+
+    // `instructions` are the system message.
+    let instructed = http
+        .post_json(
+            "/v1/responses",
+            &json!({"input": "Say hello.", "instructions": "Be brief.", "max_output_tokens": 1}),
+        )
+        .await
+        .json();
+    let with_system = http
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Say hello."},
+            ], "max_tokens": 1}),
+        )
+        .await
+        .json();
+    assert_eq!(
+        instructed["usage"]["input_tokens"],
+        with_system["usage"]["prompt_tokens"]
+    );
+    assert_eq!(instructed["instructions"], "Be brief.");
+
+    let unknown = http
+        .post_json("/v1/responses", &json!({"model": "gpt-4o", "input": "x"}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.json()["error"]["param"], "model");
+    let chained = http
+        .post_json(
+            "/v1/responses",
+            &json!({"input": "x", "previous_response_id": "resp_1"}),
+        )
+        .await;
+    assert_eq!(chained.status, StatusCode::BAD_REQUEST);
+    assert_eq!(chained.json()["error"]["param"], "previous_response_id");
+    assert_eq!(
+        http.post("/v1/responses", "{}").await.status,
+        StatusCode::BAD_REQUEST
+    );
+}
+
+#[tokio::test]
+async fn responses_stream_the_responses_events() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+
+    let request =
+        json!({"model": MODEL, "input": "Count to five.", "max_output_tokens": 5, "stream": true});
+    let events = http.stream("/v1/responses", &request).await.all().await;
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e.event.as_deref().expect("named events"))
+        .collect();
+    let mut expected = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    expected.extend(["response.output_text.delta"; 5]);
+    expected.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]);
+    assert_eq!(kinds, expected);
+    let data: Vec<Value> = events.iter().map(|e| e.json()).collect();
+    for (i, (event, data)) in kinds.iter().zip(&data).enumerate() {
+        assert_eq!(data["type"], *event);
+        assert_eq!(data["sequence_number"], i);
+    }
+    let created = &data[0]["response"];
+    assert_eq!(created["status"], "in_progress");
+    assert_eq!(created["output"], json!([]));
+    let deltas: String = data[4..9]
+        .iter()
+        .map(|d| d["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(data[9]["text"], deltas.as_str());
+    let item_id = &data[2]["item"]["id"];
+    assert!(data[4..10].iter().all(|d| d["item_id"] == *item_id));
+    let last = &data[12]["response"];
+    assert_eq!(last["id"], created["id"]);
+    assert_eq!(last["status"], "incomplete");
+    assert_eq!(last["output"][0]["content"][0]["text"], deltas.as_str());
+    assert_eq!(last["usage"]["output_tokens"], 5);
+
+    // Without a limit the model stops by itself: response.completed, with
+    // the answer the non-streaming call gives.
+    let request = json!({"input": "Count to five.", "stream": true});
+    let events = http.stream("/v1/responses", &request).await.all().await;
+    let last = events.last().unwrap();
+    assert_eq!(last.event.as_deref(), Some("response.completed"));
+    let response = &last.json()["response"];
+    assert_eq!(response["status"], "completed");
+    let deltas = events
+        .iter()
+        .filter(|e| e.event.as_deref() == Some("response.output_text.delta"))
+        .count();
+    assert_eq!(response["usage"]["output_tokens"], deltas);
+    let whole = http
+        .post_json("/v1/responses", &json!({"input": "Count to five."}))
+        .await
+        .json();
+    assert_eq!(
+        response["output"][0]["content"][0]["text"],
+        whole["output"][0]["content"][0]["text"]
     );
 }
 

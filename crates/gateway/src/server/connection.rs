@@ -35,12 +35,12 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use super::request::{Request, WorkerId};
 use super::streams::Streams;
-use super::{Request, WorkerId};
 use crate::body::ResponseBody;
-use crate::drain::Watch;
 use crate::error::ApiError;
 use crate::headers::HEAD_LIMIT;
+use crate::shutdown::Watch;
 
 /// A kept-alive connection with no request under way for this long is
 /// closed, so that connections clients abandoned do not pile up (nginx's

@@ -9,6 +9,7 @@
 //! which at low load cost more than the proxying itself.
 
 pub(crate) mod connection;
+mod request;
 mod streams;
 
 use std::collections::HashMap;
@@ -17,38 +18,17 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::{HeaderMap, Method, Response, Uri, Version};
+use http::Response;
 use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 
 use crate::body::ResponseBody;
-use crate::drain::Drain;
+use crate::shutdown::Drain;
 
 pub use connection::Timeouts;
-
-/// Index of the worker thread serving a request; selects its upstream
-/// clients.
-pub type WorkerId = usize;
-
-/// A request as the server hands it to its handler: its body still
-/// arriving.
-pub struct Request {
-    pub method: Method,
-    pub uri: Uri,
-    pub version: Version,
-    pub headers: HeaderMap,
-    pub body: hyper::body::Incoming,
-    /// The client's address, as the socket has it.
-    pub peer: SocketAddr,
-}
-
-impl Request {
-    pub fn path(&self) -> &str {
-        self.uri.path()
-    }
-}
+pub use request::{Request, WorkerId};
 
 /// The data plane's threads. Dropping this ends them, closing any
 /// connection still open on them.

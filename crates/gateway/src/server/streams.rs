@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::body::BoxError;
+use crate::error::BoxError;
 
 /// A connection's streams, whose response bodies are `B`.
 pub(crate) struct Streams<B> {

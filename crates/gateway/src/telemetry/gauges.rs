@@ -15,14 +15,24 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::metrics::Name;
-use crate::admit::Admission;
+use super::labels::Name;
+
+/// What the gauges read of a pool's flow control, so telemetry needs
+/// nothing else of admission.
+pub trait FlowGauges: Send + Sync {
+    /// Requests waiting in `band`, and their bytes.
+    fn queued(&self, band: Priority) -> (usize, u64);
+    /// Waiting requests handed a replica so far.
+    fn dispatched(&self) -> u64;
+    /// Waiting requests whose client left.
+    fn abandoned(&self) -> u64;
+}
 
 /// A pool as the collector sees it.
 pub(super) struct LivePool {
     pub name: Name,
-    pub picker: Arc<picker::Pool>,
-    pub admission: Arc<Admission>,
+    pub picker: Arc<picker::Picker>,
+    pub admission: Arc<dyn FlowGauges>,
     /// Whether readiness needs fresh metrics (scored pools) or only a
     /// reachable replica.
     pub uses_signals: bool,
@@ -109,7 +119,6 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
         let mean = |values: Vec<f64>| {
             (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
         };
-        let stats = &pool.admission.stats;
         pool_rows.push(PoolRow {
             pool: pool.name.clone(),
             endpoints: mine.len(),
@@ -122,8 +131,8 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                     .collect(),
             ),
             queued: Priority::ALL.map(|band| pool.admission.queued(band)),
-            dispatched: stats.dispatched.load(std::sync::atomic::Ordering::Relaxed),
-            abandoned: stats.abandoned.load(std::sync::atomic::Ordering::Relaxed),
+            dispatched: pool.admission.dispatched(),
+            abandoned: pool.admission.abandoned(),
         });
     }
     (rows, pool_rows)

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use tracing::Subscriber;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, LevelFilter, Targets, filter_fn};
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::fmt::format::FmtSpan;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -121,6 +122,12 @@ where
     general.and_then(access)
 }
 
+/// The process's log lines. A span the filter lets through (the gateway's
+/// own, `infergate::trace` at `debug`, when asked for) gets a line when it
+/// opens and one when it closes, with its fields and, on closing, its
+/// busy and idle time: the formatter otherwise shows spans only as the
+/// context of events inside them, and the gateway logs none inside its
+/// request spans at `info`, so asking for spans would print nothing.
 fn fmt_layer<S, W>(format: LogFormat, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -128,7 +135,8 @@ where
 {
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(writer)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .with_span_events(FmtSpan::NEW | FmtSpan::CLOSE);
     match format {
         LogFormat::Text => layer.boxed(),
         LogFormat::Json => layer
@@ -149,7 +157,7 @@ where
     tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_filter(filter_fn(|m| {
-            m.is_span() && m.target() == super::SPAN_TARGET
+            m.is_span() && m.target() == super::spans::SPAN_TARGET
         }))
 }
 
@@ -182,5 +190,84 @@ mod tests {
         assert_eq!(access["target"], ACCESS_TARGET);
         assert!(lines[1].contains("plain line") && lines[1].contains("answer=42"));
         assert!(serde_json::from_str::<serde_json::Value>(lines[1]).is_err());
+    }
+
+    /// One request span with a stage inside, as the pipeline makes them.
+    fn a_request_with_a_stage() {
+        let request_id = http::HeaderValue::from_static("r1");
+        let request = crate::telemetry::request_span(
+            &http::Method::POST,
+            "/v1/chat/completions",
+            &request_id,
+        );
+        request.in_scope(|| crate::telemetry::stage_span!("route", pool = "llama").in_scope(|| {}));
+        request.record("http.response.status_code", 200u16);
+        drop(request);
+    }
+
+    fn lines_for(format: LogFormat, filter: &str) -> Vec<String> {
+        let buffer = Buffer::default();
+        let subscriber =
+            Registry::default().with(log_layers(format, None, filter, false, buffer.clone()));
+        tracing::subscriber::with_default(subscriber, a_request_with_a_stage);
+        buffer.lines()
+    }
+
+    #[test]
+    fn the_trace_filter_prints_the_gateways_spans() {
+        let lines = lines_for(LogFormat::Text, "info,infergate::trace=debug");
+        assert_eq!(lines.len(), 4, "{lines:#?}");
+        let (request_new, route_new, route_close, request_close) =
+            (&lines[0], &lines[1], &lines[2], &lines[3]);
+        for line in &lines {
+            assert!(line.contains(" DEBUG "), "{line}");
+            assert!(line.contains(crate::telemetry::SPAN_TARGET), "{line}");
+        }
+        assert!(
+            request_new.contains(r#"request{otel.kind="server" http.request.method=POST url.path="/v1/chat/completions" request_id="r1"}"#)
+                && request_new.ends_with(" new"),
+            "{request_new}"
+        );
+        assert!(
+            route_new.contains(r#":route{pool="llama"}"#) && route_new.ends_with(" new"),
+            "{route_new}"
+        );
+        assert!(
+            route_close.contains(r#":route{pool="llama"}"#)
+                && route_close.contains(" close time.busy="),
+            "{route_close}"
+        );
+        // Fields recorded later are on the closing line.
+        assert!(
+            request_close.contains("http.response.status_code=200")
+                && request_close.contains(" close time.busy=")
+                && request_close.contains(" time.idle="),
+            "{request_close}"
+        );
+
+        // JSON: the same four lines, the span and its fields as objects.
+        let json: Vec<serde_json::Value> =
+            lines_for(LogFormat::Json, "info,infergate::trace=debug")
+                .iter()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+        let messages: Vec<&str> = json
+            .iter()
+            .map(|v| v["message"].as_str().unwrap())
+            .collect();
+        assert_eq!(messages, ["new", "new", "close", "close"]);
+        assert_eq!(json[1]["span"]["name"], "route");
+        assert_eq!(json[1]["span"]["pool"], "llama");
+        assert_eq!(json[3]["span"]["request_id"], "r1");
+        assert_eq!(json[3]["span"]["http.response.status_code"], 200);
+    }
+
+    #[test]
+    fn spans_stay_silent_unless_asked_for() {
+        assert_eq!(lines_for(LogFormat::Text, "info"), Vec::<String>::new());
+        assert_eq!(
+            lines_for(LogFormat::Text, "debug,infergate::trace=off"),
+            Vec::<String>::new()
+        );
     }
 }

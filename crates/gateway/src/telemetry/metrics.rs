@@ -4,7 +4,7 @@
 //!
 //! Replica and pool gauges (in-flight, KV usage, queue, staleness) are not
 //! kept here: they are read from the live endpoints when `/metrics` is
-//! scraped (see [`super::live`]).
+//! scraped (see [`super::gauges`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -18,8 +18,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::live::{LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges};
-use crate::admit::Admission;
+use super::gauges::{
+    FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
+};
+use super::labels::Name;
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
 /// generation), about three buckets per decade so quantiles stay within
@@ -49,10 +51,6 @@ fn scrape_histogram() -> Histogram {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
-
-/// A label value shared by every series of a pool, model or replica:
-/// cloning it for a lookup is a reference-count increment.
-pub(super) type Name = Arc<String>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
@@ -250,13 +248,25 @@ impl Metrics {
             .clone()
     }
 
+    /// Handles of one replica of pool `pool`.
+    pub fn endpoint(&self, pool: &str, addr: &str) -> EndpointMetrics {
+        EndpointMetrics::new(&self.families, &Name::new(pool.to_owned()), addr)
+    }
+
+    /// Stop exporting the live state of pools not in `keep` (pools that
+    /// left the config). Their counters stay, as counters do.
+    pub fn retain_pools(&self, keep: impl Fn(&str) -> bool) {
+        self.live.write().retain(|p| keep(&p.name));
+    }
+
     /// Resolve every handle a pool needs, and export its replicas' and
-    /// queues' live state from now on.
+    /// queues' live state from now on (in place of what a pool of the same
+    /// name exported before).
     pub fn pool(
         &self,
         spec: &config::Pool,
-        picker: &Arc<picker::Pool>,
-        admission: &Arc<Admission>,
+        picker: &Arc<picker::Picker>,
+        admission: Arc<dyn FlowGauges>,
     ) -> PoolMetrics {
         let pool = Name::new(spec.name.clone());
         let f = &self.families;
@@ -291,10 +301,12 @@ impl Metrics {
             .iter()
             .map(|e| EndpointMetrics::new(f, &pool, &e.addr))
             .collect();
-        self.live.write().push(LivePool {
+        let mut live = self.live.write();
+        live.retain(|p| p.name != pool);
+        live.push(LivePool {
             name: pool.clone(),
             picker: Arc::clone(picker),
-            admission: Arc::clone(admission),
+            admission,
             uses_signals: picker.config().policy.uses_signals(),
         });
         PoolMetrics {
@@ -557,7 +569,7 @@ impl RouteMetrics {
 /// otherwise one named after the error's code. Always one of a fixed set.
 pub fn refusal_reason(error: &crate::error::ApiError) -> &'static str {
     if let Some(reason) = error.dropped_reason {
-        return reason;
+        return reason.as_str();
     }
     match error.code {
         Some("pool_saturated") => "saturated",

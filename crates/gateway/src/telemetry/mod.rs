@@ -2,7 +2,7 @@
 //! trace spans with OTLP export, and W3C trace context for replicas.
 //!
 //! - [`metrics`]: the registry and handles resolved per pool, model and
-//!   replica; [`live`] adds gauges read from live state at scrape time.
+//!   replica; [`gauges`] adds gauges read from live state at scrape time.
 //! - [`response`]: TTFT, inter-token times and `usage` from a response
 //!   body as it streams through.
 //! - [`trace_context`]: the `traceparent` sent upstream.
@@ -14,54 +14,21 @@
 //! The record stage (`record.rs`) is where a request's numbers are counted.
 
 mod access_log;
-mod live;
+mod gauges;
+mod labels;
 mod log_writer;
 pub mod logging;
 pub mod metrics;
 mod otlp;
 pub mod panics;
 pub mod response;
+mod spans;
 #[cfg(test)]
 mod test_writer;
 pub mod trace_context;
 
+pub use gauges::FlowGauges;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
 pub use metrics::{EndpointMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason};
-
-/// Target of the gateway's spans (the request and its stages). They are
-/// `debug` level, so they cost nothing unless exported or asked for with
-/// `INFERGATE_LOG=infergate::trace=debug`.
-pub const SPAN_TARGET: &str = "infergate::trace";
-
-/// A span for one pipeline stage (a child of the current span), e.g.
-/// `stage_span!("route", pool = %name)`.
-macro_rules! stage_span {
-    ($name:literal $(, $($field:tt)*)?) => {
-        ::tracing::debug_span!(target: $crate::telemetry::SPAN_TARGET, $name $(, $($field)*)?)
-    };
-}
-pub(crate) use stage_span;
-
-/// The span of one inference request, from arrival to the end of its
-/// response body (the record holds it). Fields left empty here are filled
-/// in by the record stage.
-pub fn request_span(
-    method: &http::Method,
-    path: &str,
-    request_id: &http::HeaderValue,
-) -> tracing::Span {
-    tracing::debug_span!(
-        target: SPAN_TARGET,
-        "request",
-        otel.kind = "server",
-        http.request.method = %method,
-        url.path = path,
-        request_id = request_id.to_str().unwrap_or("-"),
-        gen_ai.request.model = tracing::field::Empty,
-        infergate.pool = tracing::field::Empty,
-        infergate.endpoint = tracing::field::Empty,
-        infergate.retries = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-        error.message = tracing::field::Empty,
-    )
-}
+pub(crate) use spans::stage_span;
+pub use spans::{SPAN_TARGET, request_span};

@@ -55,8 +55,8 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::{InvalidTarget, Outgoing, Response};
-use crate::body::BoxError;
+use super::outgoing::{InvalidTarget, Outgoing};
+use crate::error::BoxError;
 use crate::headers::HEAD_LIMIT;
 
 type SendRequest1 = http1::SendRequest<Full<Bytes>>;
@@ -175,6 +175,15 @@ impl Error {
     pub fn was_sent(&self) -> bool {
         matches!(self, Error::Sent(_))
     }
+}
+
+/// A replica's answer: its status, its head's fields and its body, which
+/// streams from the connection.
+#[derive(Debug)]
+pub struct Response {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Body,
 }
 
 impl Connections {

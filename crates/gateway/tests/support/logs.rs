@@ -1,6 +1,6 @@
 //! Capturing what the gateway logs, for tests that read its log lines.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use gateway::telemetry::{ACCESS_TARGET, LogFormat, log_layers};
@@ -11,6 +11,16 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 
 const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A subscriber that stays registered for the life of the process and
+/// wants nothing. While only one subscriber is registered, `tracing`
+/// decides whether a call site is wanted by asking the subscriber of the
+/// thread that first reaches it, and keeps the answer for every thread: a
+/// gateway of another test, on a thread with no subscriber, would make the
+/// call sites it reaches first silent for this test's subscriber too. With
+/// two registered, every call site asks all of them.
+static BYSTANDER: LazyLock<tracing::Dispatch> =
+    LazyLock::new(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
 
 /// Everything the gateway logs, as written; wakes waiters on each write.
 #[derive(Clone, Default)]
@@ -45,6 +55,7 @@ impl Logs {
     }
 
     pub fn capture_with(filter: &str) -> (Self, tracing::subscriber::DefaultGuard) {
+        LazyLock::force(&BYSTANDER);
         let logs = Logs::default();
         let subscriber = tracing_subscriber::registry().with(log_layers(
             LogFormat::Text,

@@ -1,27 +1,34 @@
-//! Fake replicas on 127.0.0.1 whose behaviour each test controls, and a
-//! gateway started in front of them.
+//! What the tests share: fake replicas on 127.0.0.1 whose behaviour each
+//! test controls, the configs and clients of a gateway started in front of
+//! them, and bounded waits for what can only be polled.
 
 #![allow(dead_code)]
 
-pub mod descriptors;
 pub mod exposition;
 pub mod logs;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
+use gateway::Gateway;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
+use serde_json::Value;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
 
 pub type FakeBody = BoxBody<Bytes, Infallible>;
+
+/// The path of chat completions, the request most tests send.
+pub const CHAT: &str = "/v1/chat/completions";
 
 /// What a fake replica received.
 #[derive(Debug, Clone)]
@@ -187,6 +194,15 @@ impl FakeReplica {
     }
 }
 
+/// Send one event of a streamed answer through the sender of
+/// [`FakeReplica::next_stream`].
+pub async fn emit(events: &mpsc::Sender<Bytes>, event: &'static str) {
+    events
+        .send(Bytes::from_static(event.as_bytes()))
+        .await
+        .expect("the replica's stream is open");
+}
+
 impl Drop for FakeReplica {
     fn drop(&mut self) {
         self.task.abort();
@@ -319,6 +335,17 @@ pub fn config(extra_spec: &str, pools: &str) -> config::InferenceGatewayConfig {
     config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config refused: {e}\n{yaml}"))
 }
 
+/// One pool `p` serving model `m` from `endpoints`, round-robin, with no
+/// engine metrics (a YAML list item for [`config`]). `extra` goes on at the
+/// end of the pool's fields, e.g. `, retry: {maxRetries: 0}`.
+pub fn plain_pool(endpoints: &[&str], extra: &str) -> String {
+    let endpoints: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+    format!(
+        "    - {{name: p, engine: none, models: [m], endpoints: [{}], scheduling: {{policy: round-robin}}{extra}}}\n",
+        endpoints.join(", ")
+    )
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -340,4 +367,89 @@ pub async fn healthz_answered(conn: &mut tokio::net::TcpStream) {
         assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&buf[..n]);
     }
+}
+
+/// A replica written by hand: a listener on 127.0.0.1 that hands each
+/// connection to `serve`, for answers the fake replicas cannot give. Its
+/// address, `host:port`.
+pub async fn raw_replica<F, Fut>(serve: F) -> String
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(serve(stream));
+        }
+    });
+    addr
+}
+
+/// An address nothing listens on.
+pub async fn closed_port() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// `fut`, failing the test naming `what` if it takes longer than `limit`.
+pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {limit:?}: {what}"))
+}
+
+/// Look every 5 ms until `look` finds what it looks for (`Ok`), for at
+/// most `limit`, and return it. What the gateway shows changes with its own
+/// timers and scrapes, with no event to wait on from outside; a failure
+/// names `what` and what the last look saw instead (its `Err`).
+pub async fn poll_until<T, F>(limit: Duration, what: &str, mut look: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Result<T, String>>,
+{
+    let mut last = String::from("nothing");
+    let found = tokio::time::timeout(limit, async {
+        loop {
+            match look().await {
+                Ok(found) => return found,
+                Err(seen) => last = seen,
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("never {what} within {limit:?}; last seen: {last}"))
+}
+
+/// The admin listener's `/debug/pools`, whole.
+pub async fn debug_pools(gw: &Gateway) -> Value {
+    let admin = gw.admin_addr().expect("admin listener configured");
+    client()
+        .get(format!("http://{admin}/debug/pools"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Poll `/debug/pools` until `ready` holds of it, and return it.
+pub async fn until_debug_pools(
+    gw: &Gateway,
+    limit: Duration,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> Value {
+    let ready = &ready;
+    poll_until(limit, what, move || async move {
+        let pools = debug_pools(gw).await;
+        if ready(&pools) {
+            Ok(pools)
+        } else {
+            Err(pools.to_string())
+        }
+    })
+    .await
 }

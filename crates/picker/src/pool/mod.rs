@@ -1,7 +1,15 @@
 //! A pool of replicas and the pick over its current membership.
+//!
+//! Inside, dependencies run one way: this module drives the policies
+//! (`scored`, which uses `simple`) and lends them what they read of the
+//! pool; a pick's request, result and error live in the leaf `decision`,
+//! which both this module and `scored` build on.
 
+mod decision;
 mod scored;
 mod simple;
+
+pub use decision::{Decision, PickError, PickRequest};
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,117 +21,25 @@ use parking_lot::Mutex;
 use rand::Rng;
 use serde_json::Value;
 
-use crate::drain::{DrainMeter, assumed_drain, estimate_retry_after};
-use crate::endpoint::{Endpoint, LoadGuard};
-use crate::explain::{CandidateScore, ScoresHeader, TopScores};
+use crate::endpoint::Endpoint;
 use crate::policy::{PickerConfig, Policy, PrefixConfig};
 use crate::prefix::{PrefixIndex, prompt_hashes};
+use crate::retry_after::{DrainMeter, assumed_drain, estimate_retry_after};
 
-/// What the picker needs to know about a request.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct PickRequest<'a> {
-    /// LoRA adapter the request asks for, if any.
-    pub adapter: Option<&'a str>,
-    /// The prompt's chained block hashes ([`Pool::hash_prompt`]).
-    pub prefix_hashes: &'a [u64],
-    /// Estimated tokens of the request; [`Decision::acquire`] counts them
-    /// as in flight on the chosen replica.
-    pub estimated_tokens: u64,
-    /// Fill [`Decision::scores`] with every candidate's scores.
-    pub explain: bool,
-}
-
-/// The chosen replica, and why.
-#[derive(Debug, Clone)]
-pub struct Decision {
-    pub endpoint: Arc<Endpoint>,
-    /// The policy that chose it.
-    pub policy: Policy,
-    /// True when no replica had fresh, healthy metrics and the scored
-    /// policy fell back to least-request.
-    pub fallback: bool,
-    /// Winner's and runner-up's totals ([`Policy::Scored`] only).
-    pub top: Option<TopScores>,
-    /// Every scored candidate, best first; only when
-    /// [`PickRequest::explain`] was set.
-    pub scores: Vec<CandidateScore>,
-    /// From the request, for [`Decision::acquire`].
-    pub estimated_tokens: u64,
-}
-
-impl Decision {
-    /// The chosen replica's endpoint index (for retries' `exclude` and for
-    /// [`Pool::record`]).
-    pub fn index(&self) -> usize {
-        self.endpoint.index
-    }
-
-    /// Count this request against the chosen replica until the guard drops.
-    pub fn acquire(&self) -> LoadGuard {
-        self.endpoint.acquire(self.estimated_tokens)
-    }
-
-    /// The `x-infergate-scores` header value, best `limit` candidates.
-    pub fn scores_header(&self, limit: usize) -> ScoresHeader<'_> {
-        ScoresHeader {
-            scores: &self.scores,
-            limit,
-        }
-    }
-}
-
-/// Why no replica was picked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PickError {
-    /// Every replica is unreachable or was already tried (503).
-    NoReplicas,
-    /// Replicas are reachable but none has fresh, healthy metrics, and the
-    /// fallback is [`crate::Fallback::Refuse`] (503).
-    NoHealthyReplicas { reachable: usize },
-    /// Every healthy replica is saturated (429 with `Retry-After`).
-    Saturated {
-        retry_after: Duration,
-        /// Requests waiting across the saturated replicas.
-        waiting: u64,
-    },
-}
-
-impl fmt::Display for PickError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PickError::NoReplicas => f.write_str("no reachable replica"),
-            PickError::NoHealthyReplicas { reachable } => write!(
-                f,
-                "none of {reachable} reachable replicas has fresh, healthy metrics"
-            ),
-            PickError::Saturated {
-                retry_after,
-                waiting,
-            } => write!(
-                f,
-                "every replica is saturated ({waiting} requests waiting); retry after {} s",
-                retry_after.as_secs()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for PickError {}
-
-/// One pool's replicas, its picking configuration and its memory of where
-/// prompts went. Shared by every request to the pool; every method takes
-/// `&self`.
-pub struct Pool {
+/// The picker over one pool: its replicas, its picking configuration and
+/// its memory of where prompts went. Shared by every request to the pool;
+/// every method takes `&self`.
+pub struct Picker {
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     config: ArcSwap<PickerConfig>,
     prefix: PrefixIndex,
     round_robin: AtomicUsize,
-    drain: Mutex<DrainMeter>,
+    drain_meter: Mutex<DrainMeter>,
 }
 
-impl fmt::Debug for Pool {
+impl fmt::Debug for Picker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pool")
+        f.debug_struct("Picker")
             .field("endpoints", &self.endpoints.load().len())
             .field("config", &**self.config.load())
             .field("prefix", &self.prefix)
@@ -131,14 +47,14 @@ impl fmt::Debug for Pool {
     }
 }
 
-impl Pool {
+impl Picker {
     pub fn new(config: PickerConfig, endpoints: Vec<Arc<Endpoint>>) -> Self {
-        Pool {
+        Picker {
             prefix: PrefixIndex::new(config.prefix.default_capacity_blocks),
             endpoints: ArcSwap::from_pointee(endpoints),
             config: ArcSwap::from_pointee(config),
             round_robin: AtomicUsize::new(0),
-            drain: Mutex::new(DrainMeter::default()),
+            drain_meter: Mutex::new(DrainMeter::default()),
         }
     }
 
@@ -201,7 +117,7 @@ impl Pool {
         let snapshot = self.endpoints.load();
         let config = self.config.load();
         // Uncontended in practice; a pick that finds it busy skips the sample.
-        if let Some(mut meter) = self.drain.try_lock() {
+        if let Some(mut meter) = self.drain_meter.try_lock() {
             meter.observe(now, || snapshot.iter().map(|ep| ep.load.completed()).sum());
         }
         let plain = |endpoint: Option<&Arc<Endpoint>>| {
@@ -220,7 +136,16 @@ impl Pool {
             Policy::RoundRobin => plain(simple::round_robin(&snapshot, exclude, &self.round_robin)),
             Policy::LeastRequest => plain(simple::least_request(&snapshot, exclude, rng)),
             Policy::Random => plain(simple::random(&snapshot, exclude, rng)),
-            Policy::Scored => scored::pick(self, &snapshot, &config, req, now, exclude, rng),
+            Policy::Scored => scored::ScoredPick {
+                snapshot: &snapshot,
+                config: &config,
+                req,
+                now,
+                exclude,
+                prefix: &self.prefix,
+                retry_after: &|waiting, replicas| self.retry_after(waiting, replicas),
+            }
+            .pick(rng),
         }
     }
 
@@ -253,7 +178,7 @@ impl Pool {
     /// The pool's measured completion rate (requests per second), once the
     /// pool has been busy for a couple of seconds.
     pub fn drain_rate(&self) -> Option<f64> {
-        self.drain.lock().rate()
+        self.drain_meter.lock().rate()
     }
 
     /// `Retry-After` for a pool with `waiting` queued requests across

@@ -1,19 +1,21 @@
-//! The scored pick: filter (reachable, not excluded, healthy, unsaturated)
-//! → scorers → weighted mean → highest total, random among ties.
+//! The scored pick, in the steps docs/picker.md names: the candidates
+//! (reachable, not excluded, healthy, unsaturated; over a sample in large
+//! pools), their prefix matches, the scores, the choice (highest weighted
+//! total, random among ties) and, when asked, the explanation.
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
+use super::decision::{Decision, PickError, PickRequest};
 use super::simple::{self, is_candidate};
-use super::{Decision, PickError, PickRequest, Pool};
 use crate::endpoint::Endpoint;
 use crate::explain::{CandidateScore, TopScores};
 use crate::health::Health;
-use crate::policy::{Fallback, PickerConfig, Policy};
-use crate::prefix::MatchScratch;
+use crate::policy::{Fallback, PickerConfig, Policy, Weights};
+use crate::prefix::{MatchScratch, PrefixIndex};
 use crate::scorers::{LoraFit, ScoreContext, Scorer, Signals};
 
 /// Totals this close are a tie (they differ only by rounding).
@@ -66,111 +68,181 @@ pub const SAMPLE_RANDOM: usize = 32;
 /// so affinity survives sampling.
 pub const SAMPLE_PREFIX: usize = 8;
 
-/// Whether this pick scores a sample rather than the whole pool. Adapter
-/// requests score the whole pool (no index of adapter residency to sample
-/// from), as do explained picks (they report every candidate).
-fn sampled(replicas: usize, config: &PickerConfig, req: &PickRequest<'_>) -> bool {
-    replicas > SAMPLE_ABOVE && req.adapter.is_none() && !req.explain && config.weights.sum() > 0.0
+/// One scored pick's inputs, shared by its steps: the request, the clock,
+/// and what the pool lends it for the pick (borrowed, not copied).
+pub(super) struct ScoredPick<'a> {
+    /// The pool's membership snapshot.
+    pub(super) snapshot: &'a [Arc<Endpoint>],
+    pub(super) config: &'a PickerConfig,
+    pub(super) req: &'a PickRequest<'a>,
+    pub(super) now: Instant,
+    /// Endpoint indexes this request already tried.
+    pub(super) exclude: &'a [usize],
+    /// The pool's memory of where prompts went.
+    pub(super) prefix: &'a PrefixIndex,
+    /// `Retry-After` for `waiting` requests queued across `replicas`
+    /// saturated replicas; called only when every healthy replica is
+    /// saturated.
+    pub(super) retry_after: &'a dyn Fn(u64, usize) -> Duration,
 }
 
-/// Fill `scratch.sample` with distinct snapshot positions: the holders of
-/// the prompt's longest cached prefix, then random replicas.
-fn sample<R: Rng + ?Sized>(
-    pool: &Pool,
-    snapshot: &[Arc<Endpoint>],
-    config: &PickerConfig,
-    req: &PickRequest<'_>,
-    rng: &mut R,
-    scratch: &mut Scratch,
-) {
-    let Scratch {
-        sample,
-        marked,
-        holders,
-        ..
-    } = scratch;
-    sample.clear();
-    marked.resize(snapshot.len(), false);
-    let mut add = |position: usize, sample: &mut Vec<usize>| {
-        if !marked[position] {
-            marked[position] = true;
-            sample.push(position);
+impl ScoredPick<'_> {
+    /// Run the pick over this thread's scratch buffers.
+    pub(super) fn pick<R: Rng + ?Sized>(&self, rng: &mut R) -> Result<Decision, PickError> {
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => self.run(rng, &mut scratch),
+            // Only if a pick re-entered from inside another (a custom Rng).
+            Err(_) => self.run(rng, &mut Scratch::default()),
+        })
+    }
+
+    /// The steps of docs/picker.md, "A pick, step by step".
+    fn run<R: Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+        scratch: &mut Scratch,
+    ) -> Result<Decision, PickError> {
+        let census = self.candidates(rng, scratch);
+        if scratch.signals.is_empty() {
+            return self.without_candidates(&census, rng);
         }
-    };
-    if config.weights.prefix > 0.0 && !req.prefix_hashes.is_empty() {
-        holders.clear();
-        pool.prefix.deepest_holders(
-            req.prefix_hashes,
-            SAMPLE_PREFIX,
-            rng.gen_range(0..usize::MAX),
+        self.prefix_matches(scratch);
+        self.score(scratch);
+        let totals = Totals {
+            weights: &self.config.weights,
+            weight_sum: self.config.weights.sum(),
+            columns: &scratch.columns,
+            count: scratch.signals.len(),
+        };
+        let choice = choose(&totals, rng);
+        let scores = if self.req.explain {
+            self.explain(&totals, &scratch.positions)
+        } else {
+            Vec::new()
+        };
+        Ok(Decision {
+            endpoint: Arc::clone(&self.snapshot[scratch.positions[choice.winner]]),
+            policy: Policy::Scored,
+            fallback: false,
+            top: Some(choice.top),
+            scores,
+            estimated_tokens: self.req.estimated_tokens,
+        })
+    }
+
+    /// Fill the scratch with the candidates and their signals: reachable,
+    /// not excluded, healthy and unsaturated replicas. A large pool is
+    /// filtered over a sample, and whole only when no sampled replica
+    /// passes, so the pool is only called saturated when all of it is.
+    fn candidates<R: Rng + ?Sized>(&self, rng: &mut R, scratch: &mut Scratch) -> Census {
+        scratch.clear();
+        if self.sampled() {
+            self.sample(rng, scratch);
+            let mut census = Census::default();
+            // Taken out while `consider` fills the rest of the scratch; put
+            // back so its buffer is reused.
+            let positions = std::mem::take(&mut scratch.sample);
+            for &position in &positions {
+                self.consider(&mut census, position, &self.snapshot[position], scratch);
+            }
+            scratch.sample = positions;
+            if !scratch.signals.is_empty() {
+                return census;
+            }
+            scratch.clear();
+        }
+        let mut census = Census::default();
+        for (position, endpoint) in self.snapshot.iter().enumerate() {
+            self.consider(&mut census, position, endpoint, scratch);
+        }
+        census
+    }
+
+    /// Whether this pick scores a sample rather than the whole pool.
+    /// Adapter requests score the whole pool (no index of adapter residency
+    /// to sample from), as do explained picks (they report every
+    /// candidate).
+    fn sampled(&self) -> bool {
+        self.snapshot.len() > SAMPLE_ABOVE
+            && self.req.adapter.is_none()
+            && !self.req.explain
+            && self.config.weights.sum() > 0.0
+    }
+
+    /// Fill `scratch.sample` with distinct snapshot positions: the holders
+    /// of the prompt's longest cached prefix, then random replicas.
+    fn sample<R: Rng + ?Sized>(&self, rng: &mut R, scratch: &mut Scratch) {
+        let snapshot = self.snapshot;
+        let Scratch {
+            sample,
+            marked,
             holders,
-        );
-        for &index in holders.iter() {
-            if let Some(position) = position_of(snapshot, index) {
-                add(position, sample);
+            ..
+        } = scratch;
+        sample.clear();
+        marked.resize(snapshot.len(), false);
+        let mut add = |position: usize, sample: &mut Vec<usize>| {
+            if !marked[position] {
+                marked[position] = true;
+                sample.push(position);
+            }
+        };
+        if self.config.weights.prefix > 0.0 && !self.req.prefix_hashes.is_empty() {
+            holders.clear();
+            self.prefix.deepest_holders(
+                self.req.prefix_hashes,
+                SAMPLE_PREFIX,
+                rng.gen_range(0..usize::MAX),
+                holders,
+            );
+            for &index in holders.iter() {
+                if let Some(position) = position_of(snapshot, index) {
+                    add(position, sample);
+                }
             }
         }
+        for _ in 0..SAMPLE_RANDOM {
+            add(rng.gen_range(0..snapshot.len()), sample);
+        }
+        for &position in sample.iter() {
+            marked[position] = false;
+        }
     }
-    for _ in 0..SAMPLE_RANDOM {
-        add(rng.gen_range(0..snapshot.len()), sample);
-    }
-    for &position in sample.iter() {
-        marked[position] = false;
-    }
-}
 
-/// The snapshot position of endpoint `index`: its own position unless
-/// membership has changed since the pool was built.
-fn position_of(snapshot: &[Arc<Endpoint>], index: usize) -> Option<usize> {
-    match snapshot.get(index) {
-        Some(endpoint) if endpoint.index == index => Some(index),
-        _ => snapshot.iter().position(|endpoint| endpoint.index == index),
-    }
-}
-
-/// What the filter saw of the replicas it considered.
-#[derive(Default)]
-struct Census {
-    reachable: usize,
-    saturated: usize,
-    /// Requests waiting on the saturated replicas.
-    saturated_waiting: u64,
-}
-
-impl Census {
-    /// Filter one replica (reachable, not excluded, healthy, unsaturated)
-    /// and, if it passes, add it to the candidates with its signals.
-    #[allow(clippy::too_many_arguments)]
+    /// Filter one replica (reachable, not excluded, healthy, unsaturated),
+    /// count it in the census, and if it passes add it to the candidates
+    /// with its signals.
     fn consider(
-        &mut self,
+        &self,
+        census: &mut Census,
         position: usize,
         endpoint: &Arc<Endpoint>,
-        config: &PickerConfig,
-        req: &PickRequest<'_>,
-        now: Instant,
-        exclude: &[usize],
         scratch: &mut Scratch,
     ) {
-        if !is_candidate(endpoint, exclude) {
+        if !is_candidate(endpoint, self.exclude) {
             return;
         }
-        self.reachable += 1;
-        let glance = endpoint.glance();
-        if glance.health(now, config.stale_after) != Health::Healthy {
+        census.reachable += 1;
+        let summary = endpoint.summary();
+        if summary.health(self.now, self.config.stale_after) != Health::Healthy {
             return;
         }
-        let waiting = glance.waiting;
-        let kv_usage = glance.kv_usage.filter(|kv| kv.is_finite());
+        let waiting = summary.waiting;
+        let kv_usage = summary.kv_usage.filter(|kv| kv.is_finite());
         // Requests sent since the scrape count as waiting, so a burst
         // between scrapes cannot overfill a replica that looked idle. A
         // queue of requests waiting for a LoRA slot says nothing about
         // capacity, so it does not saturate (KV usage still does).
         let projected_waiting = waiting
-            .filter(|_| !glance.adapter_bound)
-            .map(|w| w + endpoint.inflight_since_observation(glance.generation));
-        if config.saturation.is_saturated(projected_waiting, kv_usage) {
-            self.saturated += 1;
-            self.saturated_waiting += waiting.unwrap_or(0);
+            .filter(|_| !summary.adapter_bound)
+            .map(|w| w + endpoint.inflight_since_observation(summary.generation));
+        if self
+            .config
+            .saturation
+            .is_saturated(projected_waiting, kv_usage)
+        {
+            census.saturated += 1;
+            census.saturated_waiting += waiting.unwrap_or(0);
             return;
         }
         scratch.positions.push(position);
@@ -183,161 +255,159 @@ impl Census {
             unanswered: endpoint.load.unanswered(),
             prefix_blocks: 0,
             // Only an adapter request needs the adapter lists.
-            lora: match req.adapter {
+            lora: match self.req.adapter {
                 None => LoraFit::NotRequested,
                 adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
             },
         });
     }
-}
 
-pub(super) fn pick<R: Rng + ?Sized>(
-    pool: &Pool,
-    snapshot: &[Arc<Endpoint>],
-    config: &PickerConfig,
-    req: &PickRequest<'_>,
-    now: Instant,
-    exclude: &[usize],
-    rng: &mut R,
-) -> Result<Decision, PickError> {
-    SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut scratch) => pick_with(pool, snapshot, config, req, now, exclude, rng, &mut scratch),
-        // Only if a pick re-entered from inside another (a custom Rng).
-        Err(_) => pick_with(
-            pool,
-            snapshot,
-            config,
-            req,
-            now,
-            exclude,
-            rng,
-            &mut Scratch::default(),
-        ),
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn pick_with<R: Rng + ?Sized>(
-    pool: &Pool,
-    snapshot: &[Arc<Endpoint>],
-    config: &PickerConfig,
-    req: &PickRequest<'_>,
-    now: Instant,
-    exclude: &[usize],
-    rng: &mut R,
-    scratch: &mut Scratch,
-) -> Result<Decision, PickError> {
-    scratch.clear();
-    let mut census = Census::default();
-    if sampled(snapshot.len(), config, req) {
-        sample(pool, snapshot, config, req, rng, scratch);
-        // Taken out while `consider` fills the rest of the scratch; put
-        // back so its buffer is reused.
-        let positions = std::mem::take(&mut scratch.sample);
-        for &position in &positions {
-            census.consider(
-                position,
-                &snapshot[position],
-                config,
-                req,
-                now,
-                exclude,
-                scratch,
-            );
+    /// No candidate: no replica to try (503), every healthy one saturated
+    /// (429 with `Retry-After`), or none healthy (the fallback decides).
+    fn without_candidates<R: Rng + ?Sized>(
+        &self,
+        census: &Census,
+        rng: &mut R,
+    ) -> Result<Decision, PickError> {
+        if census.reachable == 0 {
+            return Err(PickError::NoReplicas);
         }
-        scratch.sample = positions;
-        if scratch.signals.is_empty() {
-            // Nothing usable in the sample: decide on the whole pool, so
-            // the pool is only called saturated when all of it is.
-            scratch.clear();
-            census = Census::default();
-        }
-    }
-    if scratch.signals.is_empty() {
-        for (position, endpoint) in snapshot.iter().enumerate() {
-            census.consider(position, endpoint, config, req, now, exclude, scratch);
-        }
-    }
-    let Census {
-        reachable,
-        saturated,
-        saturated_waiting,
-    } = census;
-
-    if reachable == 0 {
-        return Err(PickError::NoReplicas);
-    }
-    if scratch.signals.is_empty() {
-        if saturated > 0 {
+        if census.saturated > 0 {
             return Err(PickError::Saturated {
-                retry_after: pool.retry_after(saturated_waiting, saturated),
-                waiting: saturated_waiting,
+                retry_after: (self.retry_after)(census.saturated_waiting, census.saturated),
+                waiting: census.saturated_waiting,
             });
         }
-        return match config.fallback {
-            Fallback::LeastRequest => simple::least_request(snapshot, exclude, rng)
+        match self.config.fallback {
+            Fallback::LeastRequest => simple::least_request(self.snapshot, self.exclude, rng)
                 .map(|endpoint| Decision {
                     endpoint: Arc::clone(endpoint),
                     policy: Policy::Scored,
                     fallback: true,
                     top: None,
                     scores: Vec::new(),
-                    estimated_tokens: req.estimated_tokens,
+                    estimated_tokens: self.req.estimated_tokens,
                 })
                 .ok_or(PickError::NoReplicas),
-            Fallback::Refuse => Err(PickError::NoHealthyReplicas { reachable }),
+            Fallback::Refuse => Err(PickError::NoHealthyReplicas {
+                reachable: census.reachable,
+            }),
+        }
+    }
+
+    /// Each candidate's leading prompt blocks in the prefix index, into its
+    /// signals. Skipped when nothing reads them.
+    fn prefix_matches(&self, scratch: &mut Scratch) {
+        let req = self.req;
+        if !req.prefix_hashes.is_empty() && (self.config.weights.prefix > 0.0 || req.explain) {
+            scratch.matched.resize(scratch.signals.len(), 0);
+            self.prefix.match_lengths_with(
+                req.prefix_hashes,
+                &scratch.indexes,
+                &mut scratch.matched,
+                &mut scratch.matching,
+            );
+            for (signals, &matched) in scratch.signals.iter_mut().zip(&scratch.matched) {
+                signals.prefix_blocks = matched;
+            }
+        }
+    }
+
+    /// One column of scores per scorer, one score per candidate. A scorer
+    /// with no weight is skipped unless the pick is explained.
+    fn score(&self, scratch: &mut Scratch) {
+        let count = scratch.signals.len();
+        let ctx = ScoreContext {
+            prompt_blocks: self.req.prefix_hashes.len(),
+            queue_depth: self.config.saturation.queue_depth,
+            inflight_tolerance: self.config.inflight_tolerance,
         };
-    }
-
-    let count = scratch.signals.len();
-    let weights = &config.weights;
-    if !req.prefix_hashes.is_empty() && (weights.prefix > 0.0 || req.explain) {
-        scratch.matched.resize(count, 0);
-        pool.prefix.match_lengths_with(
-            req.prefix_hashes,
-            &scratch.indexes,
-            &mut scratch.matched,
-            &mut scratch.matching,
-        );
-        for (signals, &matched) in scratch.signals.iter_mut().zip(&scratch.matched) {
-            signals.prefix_blocks = matched;
+        scratch.columns.resize(Scorer::COUNT * count, 0.0);
+        for (scorer, column) in Scorer::ALL
+            .into_iter()
+            .zip(scratch.columns.chunks_exact_mut(count))
+        {
+            if scorer.weight(&self.config.weights) > 0.0 || self.req.explain {
+                scorer.score(&scratch.signals, &ctx, column);
+            }
         }
     }
 
-    let ctx = ScoreContext {
-        prompt_blocks: req.prefix_hashes.len(),
-        queue_depth: config.saturation.queue_depth,
-        inflight_tolerance: config.inflight_tolerance,
-    };
-    scratch.columns.resize(Scorer::COUNT * count, 0.0);
-    for (scorer, column) in Scorer::ALL
-        .into_iter()
-        .zip(scratch.columns.chunks_exact_mut(count))
-    {
-        if scorer.weight(weights) > 0.0 || req.explain {
-            scorer.score(&scratch.signals, &ctx, column);
-        }
+    /// Every candidate's scores, best first.
+    fn explain(&self, totals: &Totals<'_>, positions: &[usize]) -> Vec<CandidateScore> {
+        let mut scores: Vec<CandidateScore> = (0..totals.count)
+            .map(|candidate| CandidateScore {
+                endpoint: Arc::clone(&self.snapshot[positions[candidate]]),
+                total: totals.of(candidate),
+                parts: std::array::from_fn(|k| totals.part(k, candidate)),
+            })
+            .collect();
+        scores.sort_by(|a, b| b.total.total_cmp(&a.total));
+        scores
     }
+}
 
-    let weight_sum = weights.sum();
-    let total_of = |candidate: usize| -> f64 {
-        if weight_sum <= 0.0 {
+/// What the filter saw of the replicas it considered.
+#[derive(Default)]
+struct Census {
+    reachable: usize,
+    saturated: usize,
+    /// Requests waiting on the saturated replicas.
+    saturated_waiting: u64,
+}
+
+/// The snapshot position of endpoint `index`: its own position unless
+/// membership has changed since the pool was built.
+fn position_of(snapshot: &[Arc<Endpoint>], index: usize) -> Option<usize> {
+    match snapshot.get(index) {
+        Some(endpoint) if endpoint.index == index => Some(index),
+        _ => snapshot.iter().position(|endpoint| endpoint.index == index),
+    }
+}
+
+/// The weighted mean of each candidate's scores.
+struct Totals<'a> {
+    weights: &'a Weights,
+    weight_sum: f64,
+    /// `Scorer::COUNT` columns of `count` scores.
+    columns: &'a [f64],
+    count: usize,
+}
+
+impl Totals<'_> {
+    fn of(&self, candidate: usize) -> f64 {
+        if self.weight_sum <= 0.0 {
             return 0.0;
         }
         Scorer::ALL
             .into_iter()
             .enumerate()
-            .map(|(k, scorer)| scorer.weight(weights) * scratch.columns[k * count + candidate])
+            .map(|(k, scorer)| scorer.weight(self.weights) * self.part(k, candidate))
             .sum::<f64>()
-            / weight_sum
-    };
+            / self.weight_sum
+    }
 
+    /// Scorer `k`'s score of `candidate`.
+    fn part(&self, k: usize, candidate: usize) -> f64 {
+        self.columns[k * self.count + candidate]
+    }
+}
+
+/// The winner, and the totals the decision reports.
+struct Choice {
+    /// Candidate number.
+    winner: usize,
+    top: TopScores,
+}
+
+/// The highest total, uniformly at random among ties.
+fn choose<R: Rng + ?Sized>(totals: &Totals<'_>, rng: &mut R) -> Choice {
     let mut winner = 0;
     let mut best = f64::NEG_INFINITY;
     let mut runner_up = f64::NEG_INFINITY;
     let mut ties = 0u32;
-    for candidate in 0..count {
-        let total = total_of(candidate);
+    for candidate in 0..totals.count {
+        let total = totals.of(candidate);
         if total > best + TIE_EPSILON {
             runner_up = best;
             best = total;
@@ -354,30 +424,11 @@ fn pick_with<R: Rng + ?Sized>(
             runner_up = runner_up.max(total);
         }
     }
-
-    let scores = if req.explain {
-        let mut scores: Vec<CandidateScore> = (0..count)
-            .map(|candidate| CandidateScore {
-                endpoint: Arc::clone(&snapshot[scratch.positions[candidate]]),
-                total: total_of(candidate),
-                parts: std::array::from_fn(|k| scratch.columns[k * count + candidate]),
-            })
-            .collect();
-        scores.sort_by(|a, b| b.total.total_cmp(&a.total));
-        scores
-    } else {
-        Vec::new()
-    };
-
-    Ok(Decision {
-        endpoint: Arc::clone(&snapshot[scratch.positions[winner]]),
-        policy: Policy::Scored,
-        fallback: false,
-        top: Some(TopScores {
+    Choice {
+        winner,
+        top: TopScores {
             winner: best,
-            runner_up: (count > 1).then_some(runner_up),
-        }),
-        scores,
-        estimated_tokens: req.estimated_tokens,
-    })
+            runner_up: (totals.count > 1).then_some(runner_up),
+        },
+    }
 }

@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use serde_json::json;
 
 use super::*;
-use crate::endpoint::{EngineState, Observation};
+use crate::observation::{EngineState, Observation};
 use crate::policy::{Fallback, PrefixConfig, Saturation};
 use crate::scorers::Scorer;
 
@@ -44,7 +44,7 @@ fn fail_scrape(endpoint: &Endpoint, at: Instant) {
 }
 
 /// A pool of `states.len()` replicas, all scraped at `now`.
-fn fleet(config: PickerConfig, states: Vec<EngineState>, now: Instant) -> Pool {
+fn fleet(config: PickerConfig, states: Vec<EngineState>, now: Instant) -> Picker {
     let endpoints = states
         .into_iter()
         .enumerate()
@@ -54,7 +54,7 @@ fn fleet(config: PickerConfig, states: Vec<EngineState>, now: Instant) -> Pool {
             endpoint
         })
         .collect();
-    Pool::new(config, endpoints)
+    Picker::new(config, endpoints)
 }
 
 fn scored() -> PickerConfig {
@@ -72,7 +72,7 @@ fn rng() -> StdRng {
     StdRng::seed_from_u64(7)
 }
 
-fn pick_index(pool: &Pool, req: &PickRequest<'_>, now: Instant, exclude: &[usize]) -> usize {
+fn pick_index(pool: &Picker, req: &PickRequest<'_>, now: Instant, exclude: &[usize]) -> usize {
     pool.pick(req, now, exclude, &mut rng()).unwrap().index()
 }
 
@@ -149,7 +149,7 @@ fn unreachable_or_all_excluded_is_no_replicas() {
             PickError::NoReplicas
         );
     }
-    let empty = Pool::new(scored(), Vec::new());
+    let empty = Picker::new(scored(), Vec::new());
     assert_eq!(
         empty
             .pick(&PickRequest::default(), now, &[], &mut rng())
@@ -606,7 +606,7 @@ fn unknown_signals_neither_win_nor_lose_outright() {
 #[test]
 fn pool_is_shareable_between_request_threads() {
     fn shareable<T: Send + Sync>() {}
-    shareable::<Pool>();
+    shareable::<Picker>();
     shareable::<Decision>();
 }
 

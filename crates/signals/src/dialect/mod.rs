@@ -1,11 +1,13 @@
 //! Engine dialects: which metric families each model server exposes and how
 //! they map to the picker's [`EngineState`].
 //!
-//! Each engine lives in its own file as a [`prom::Visitor`] that asks only
-//! for its families and folds them into an `EngineState`. Fields an engine
-//! does not report stay `None` (unknown), never 0.
+//! Each engine lives in its own file as a
+//! [`prom::Visitor`](crate::prom::Visitor) that asks only for its families
+//! and folds them into an `EngineState`. Fields an engine does not report
+//! stay `None` (unknown), never 0.
 
 mod aggregate;
+mod extractor;
 mod llamacpp;
 mod sglang;
 mod tgi;
@@ -17,13 +19,20 @@ use std::fmt;
 use std::str::FromStr;
 
 use picker::EngineState;
+use serde::{Deserialize, Serialize};
 
-use crate::prom::{self, ParseError};
+use self::extractor::run;
+use crate::prom::ParseError;
 
-/// The metrics dialect a replica speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The metrics dialect a replica speaks: a pool's `engine` in the gateway
+/// config, and the `/metrics` names a simulated replica renders. The serde
+/// names are the [`Dialect::as_str`] names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dialect {
-    /// vLLM (`vllm:*`), V0 and V1 engines.
+    /// vLLM (`vllm:*`), V0 and V1 engines. The default: the most common
+    /// engine, and the one simulated replicas speak unless told otherwise.
+    #[default]
     Vllm,
     /// SGLang (`sglang:*`).
     Sglang,
@@ -85,17 +94,6 @@ impl Dialect {
     }
 }
 
-/// Folds the samples of one engine's families into an [`EngineState`].
-trait Extractor<'a>: prom::Visitor<'a> + Default {
-    fn finish(self) -> EngineState;
-}
-
-fn run<'a, E: Extractor<'a>>(text: &'a str) -> Result<EngineState, ParseError> {
-    let mut extractor = E::default();
-    prom::parse(text, &mut extractor)?;
-    Ok(extractor.finish())
-}
-
 impl fmt::Display for Dialect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -148,6 +146,16 @@ mod tests {
             "VLLM".parse::<Dialect>(),
             Err(UnknownDialect("VLLM".to_owned()))
         );
+    }
+
+    #[test]
+    fn serde_names_are_the_dialect_names() {
+        for dialect in Dialect::ALL {
+            let json = format!("\"{dialect}\"");
+            assert_eq!(serde_json::to_string(&dialect).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Dialect>(&json).unwrap(), dialect);
+        }
+        assert_eq!(Dialect::default(), Dialect::Vllm);
     }
 
     #[test]

@@ -9,8 +9,8 @@
 
 use picker::EngineState;
 
-use super::Extractor;
 use super::aggregate::{Largest, Mean, Total};
+use super::extractor::Extractor;
 use crate::prom::{Metric, Sample, Visitor};
 
 const WAITING: &str = "sglang:num_queue_reqs";

@@ -3,8 +3,8 @@
 
 use picker::EngineState;
 
-use super::Extractor;
 use super::aggregate::Total;
+use super::extractor::Extractor;
 use crate::prom::{Metric, Sample, Visitor};
 
 const WAITING: &str = "tgi_queue_size";

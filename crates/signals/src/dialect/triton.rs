@@ -11,8 +11,8 @@
 
 use picker::EngineState;
 
-use super::Extractor;
 use super::aggregate::{Largest, Mean, Total};
+use super::extractor::Extractor;
 use crate::prom::{Metric, Sample, Visitor};
 
 const REQUESTS: &str = "nv_trt_llm_request_metrics";

@@ -7,8 +7,8 @@
 
 use picker::EngineState;
 
-use super::Extractor;
 use super::aggregate::{Largest, Mean, Total, usage_from_free};
+use super::extractor::Extractor;
 use crate::prom::{Metric, Sample, Visitor};
 
 const WAITING: &str = "trtllm_num_requests_waiting";

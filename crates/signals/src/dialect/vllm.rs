@@ -9,8 +9,8 @@
 
 use picker::EngineState;
 
-use super::Extractor;
 use super::aggregate::{Largest, Mean, Total, parse_label_number, split_list};
+use super::extractor::Extractor;
 use crate::prom::{Labels, Metric, Sample, Visitor};
 
 const WAITING: &str = "vllm:num_requests_waiting";

@@ -14,7 +14,6 @@ pub use error::ScrapeError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::Uri;
 use picker::{Endpoint, EngineState, Observation};
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
@@ -107,9 +106,9 @@ async fn run(
     client: ScrapeClient,
     on_scrape: impl Fn(&Endpoint, ScrapeReport),
 ) {
-    let target = if cfg.dialect.has_metrics() {
+    let mut target = if cfg.dialect.has_metrics() {
         match client::metrics_uri(&endpoint.addr) {
-            Ok(uri) => Some(uri),
+            Ok(uri) => Some(client.connection(&uri)),
             Err(err) => {
                 tracing::error!(endpoint = %endpoint.addr, error = %err, "replica cannot be scraped");
                 record(&endpoint, Err(err), Instant::now());
@@ -137,17 +136,29 @@ async fn run(
     loop {
         ticker.tick().await;
         let started = Instant::now();
-        let outcome = match &target {
-            Some(uri) => tokio::time::timeout(cfg.timeout, scrape(&client, uri, cfg.dialect))
-                .await
-                .unwrap_or(Err(ScrapeError::Timeout(cfg.timeout))),
+        let outcome = match &mut target {
+            Some(connection) => {
+                let scraped = tokio::time::timeout(cfg.timeout, scrape(connection, cfg.dialect))
+                    .await
+                    .unwrap_or(Err(ScrapeError::Timeout(cfg.timeout)));
+                if let Err(ScrapeError::Timeout(_)) = scraped {
+                    // A request may still be on it, its answer unread.
+                    connection.reset();
+                }
+                scraped
+            }
             None => probe::connect(&endpoint.addr, cfg.timeout)
                 .await
                 .map(|()| EngineState::default()),
         };
-        log_transition(&endpoint, &outcome, &mut failing);
         let failed = outcome.is_err();
         let now = Instant::now();
+        log_outcome(
+            &endpoint,
+            &outcome,
+            now.duration_since(started),
+            &mut failing,
+        );
         record(&endpoint, outcome, now);
         let report = ScrapeReport {
             duration: now.duration_since(started),
@@ -158,11 +169,10 @@ async fn run(
 }
 
 async fn scrape(
-    client: &ScrapeClient,
-    uri: &Uri,
+    connection: &mut client::Connection,
     dialect: Dialect,
 ) -> Result<EngineState, ScrapeError> {
-    let body = client.get(uri).await?;
+    let body = connection.get().await?;
     let text = prom::from_utf8(&body)?;
     Ok(dialect.extract(text)?)
 }
@@ -202,11 +212,13 @@ fn record(endpoint: &Endpoint, outcome: Result<EngineState, ScrapeError>, now: I
     endpoint.observe(next);
 }
 
-/// Log when a replica starts or stops failing, not on every tick: 100
-/// replicas scraped every 50 ms would flood the log.
-fn log_transition(
+/// Log when a replica starts or stops failing at `warn` and `info`, a
+/// failure that goes on at `debug`, and a success at `trace` only: 100
+/// replicas scraped every 50 ms would flood any other level.
+fn log_outcome(
     endpoint: &Endpoint,
     outcome: &Result<EngineState, ScrapeError>,
+    took: Duration,
     failing: &mut bool,
 ) {
     match outcome {
@@ -217,7 +229,7 @@ fn log_transition(
             tracing::debug!(endpoint = %endpoint.addr, error = %err, "replica scrape still failing")
         }
         Ok(_) if *failing => tracing::info!(endpoint = %endpoint.addr, "replica scrape recovered"),
-        Ok(_) => {}
+        Ok(_) => tracing::trace!(endpoint = %endpoint.addr, ?took, "replica scraped"),
     }
     *failing = outcome.is_err();
 }
@@ -226,6 +238,184 @@ fn log_transition(
 mod tests {
     use super::*;
     use crate::prom::{ParseError, ParseErrorKind};
+
+    mod logging {
+        //! What a scraper logs, at which level, against a real replica.
+
+        use std::convert::Infallible;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, LazyLock, Mutex};
+
+        use bytes::Bytes;
+        use http::{Response, StatusCode};
+        use http_body_util::Full;
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+        use tokio::net::TcpListener;
+        use tokio::sync::mpsc;
+        use tracing::span::{Attributes, Id, Record};
+        use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
+
+        use super::super::*;
+
+        const BODY: &str = "# TYPE vllm:num_requests_waiting gauge\n\
+                            vllm:num_requests_waiting{model_name=\"m\"} 3\n";
+
+        /// Registered for the whole run: with two dispatchers registered,
+        /// every call site asks the thread's own one whether it is wanted,
+        /// so a scraper of another test cannot make one silent for this.
+        static BYSTANDER: LazyLock<Dispatch> =
+            LazyLock::new(|| Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+
+        /// Every event's level, target and message.
+        #[derive(Clone, Default)]
+        struct Recorded(Arc<Mutex<Vec<(Level, String, String)>>>);
+
+        impl Recorded {
+            fn messages(&self, level: Level) -> Vec<String> {
+                let events = self.0.lock().unwrap();
+                events
+                    .iter()
+                    .filter(|(l, ..)| *l == level)
+                    .map(|(_, target, message)| format!("{target}: {message}"))
+                    .collect()
+            }
+
+            fn count(&self, level: Level, message: &str) -> usize {
+                let suffix = format!(": {message}");
+                self.messages(level)
+                    .iter()
+                    .filter(|m| m.ends_with(&suffix))
+                    .count()
+            }
+        }
+
+        struct Message<'a>(&'a mut String);
+
+        impl tracing::field::Visit for Message<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    *self.0 = format!("{value:?}");
+                }
+            }
+        }
+
+        impl Subscriber for Recorded {
+            fn enabled(&self, _: &Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &Attributes<'_>) -> Id {
+                Id::from_u64(1)
+            }
+            fn record(&self, _: &Id, _: &Record<'_>) {}
+            fn record_follows_from(&self, _: &Id, _: &Id) {}
+            fn event(&self, event: &Event<'_>) {
+                let mut message = String::new();
+                event.record(&mut Message(&mut message));
+                let meta = event.metadata();
+                self.0
+                    .lock()
+                    .unwrap()
+                    .push((*meta.level(), meta.target().to_owned(), message));
+            }
+            fn enter(&self, _: &Id) {}
+            fn exit(&self, _: &Id) {}
+        }
+
+        /// A replica answering `/metrics` with [`BODY`], or 503 while
+        /// `failing` is set.
+        async fn replica(failing: Arc<AtomicBool>) -> String {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            tokio::spawn(async move {
+                loop {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    let failing = Arc::clone(&failing);
+                    let service = service_fn(move |_request| {
+                        let mut response =
+                            Response::new(Full::new(Bytes::from_static(BODY.as_bytes())));
+                        if failing.load(Ordering::SeqCst) {
+                            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                        }
+                        async move { Ok::<_, Infallible>(response) }
+                    });
+                    tokio::spawn(
+                        hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service),
+                    );
+                }
+            });
+            addr
+        }
+
+        /// Scrapes `addr` every millisecond; each scrape's error (or `None`)
+        /// arrives on the receiver.
+        fn watch(addr: &str) -> (Scraper, mpsc::UnboundedReceiver<Option<String>>) {
+            let cfg = ScrapeConfig {
+                dialect: Dialect::Vllm,
+                interval: Duration::from_millis(1),
+                timeout: Duration::from_secs(30),
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            let scraper = spawn_scraper(
+                Endpoint::new(0, addr),
+                cfg,
+                ScrapeClient::new(Duration::from_secs(10)),
+                move |endpoint| {
+                    let _ = tx.send(endpoint.observation().last_error.clone());
+                },
+            );
+            (scraper, rx)
+        }
+
+        // The default test runtime runs every task on this thread, under
+        // this thread's subscriber.
+        #[tokio::test]
+        async fn successful_scrapes_log_at_trace_only() {
+            LazyLock::force(&BYSTANDER);
+            let recorded = Recorded::default();
+            let _guard = tracing::subscriber::set_default(recorded.clone());
+            let addr = replica(Arc::new(AtomicBool::new(false))).await;
+
+            let (scraper, mut scrapes) = watch(&addr);
+            for _ in 0..20 {
+                assert_eq!(scrapes.recv().await.unwrap(), None, "a good scrape");
+            }
+            drop(scraper);
+
+            for level in [Level::ERROR, Level::WARN, Level::INFO, Level::DEBUG] {
+                assert_eq!(recorded.messages(level), Vec::<String>::new(), "{level}");
+            }
+            assert!(recorded.count(Level::TRACE, "replica scraped") >= 20);
+            assert_eq!(
+                recorded.count(Level::TRACE, "scrape connection opened"),
+                1,
+                "one keep-alive connection for every scrape"
+            );
+        }
+
+        #[tokio::test]
+        async fn failures_and_recoveries_keep_their_levels() {
+            LazyLock::force(&BYSTANDER);
+            let recorded = Recorded::default();
+            let _guard = tracing::subscriber::set_default(recorded.clone());
+            let failing = Arc::new(AtomicBool::new(true));
+            let addr = replica(Arc::clone(&failing)).await;
+
+            let (scraper, mut scrapes) = watch(&addr);
+            for _ in 0..3 {
+                let error = scrapes.recv().await.unwrap();
+                assert_eq!(error.as_deref(), Some("HTTP 503 Service Unavailable"));
+            }
+            failing.store(false, Ordering::SeqCst);
+            while scrapes.recv().await.unwrap().is_some() {}
+            drop(scraper);
+
+            assert_eq!(recorded.count(Level::WARN, "replica scrape failing"), 1);
+            assert!(recorded.count(Level::DEBUG, "replica scrape still failing") >= 2);
+            assert_eq!(recorded.count(Level::INFO, "replica scrape recovered"), 1);
+        }
+    }
 
     fn state(waiting: u64) -> EngineState {
         EngineState {

@@ -22,6 +22,7 @@
 
 pub mod calibration;
 mod config;
+mod interface;
 mod kv_cache;
 mod lora;
 pub mod profiles;
@@ -38,126 +39,8 @@ pub use config::{
     DEFAULT_LORA_LOAD_SECONDS, DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS,
     DEFAULT_STEP_OVERHEAD_SECONDS, EngineConfig, MAX_TENSOR_PARALLEL, MemoryPlan, ProfileError,
 };
+pub use interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
 pub use profiles::{
     HardwareProfile, Interconnect, ModelProfile, hardware, hardware_names, model, model_names,
 };
 pub use scheduler::{Engine, StepInfo};
-
-/// One generation request as the engine sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SimRequest {
-    /// Caller-chosen id, unique among the requests in flight.
-    pub id: u64,
-    /// Prompt token ids (they drive prefix caching).
-    pub prompt: Vec<u32>,
-    /// Tokens to generate; the request always generates exactly this many.
-    pub max_tokens: u32,
-    /// LoRA adapter name, or `None` for the base model.
-    pub adapter: Option<String>,
-}
-
-/// Why a request stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// Generated `max_tokens` tokens.
-    Length,
-    /// Aborted by the caller.
-    Aborted,
-}
-
-impl FinishReason {
-    /// The OpenAI / vLLM spelling ("length", "abort").
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Length => "length",
-            FinishReason::Aborted => "abort",
-        }
-    }
-}
-
-/// What the engine reports, in time order.
-#[derive(Clone, Debug, PartialEq)]
-pub enum EngineEvent {
-    /// The first output token; `cached_tokens` prompt tokens came from the
-    /// prefix cache.
-    FirstToken {
-        id: u64,
-        at: f64,
-        cached_tokens: u32,
-    },
-    /// Every output token after the first (can be switched off with
-    /// [`Engine::set_token_events`]).
-    Token { id: u64, at: f64 },
-    Finished {
-        id: u64,
-        at: f64,
-        prompt_tokens: u32,
-        completion_tokens: u32,
-        cached_tokens: u32,
-        reason: FinishReason,
-    },
-    /// Refused at submission (too long, unknown adapter, duplicate id, ...).
-    Rejected { id: u64, at: f64, reason: String },
-}
-
-impl EngineEvent {
-    pub fn id(&self) -> u64 {
-        match self {
-            EngineEvent::FirstToken { id, .. }
-            | EngineEvent::Token { id, .. }
-            | EngineEvent::Finished { id, .. }
-            | EngineEvent::Rejected { id, .. } => *id,
-        }
-    }
-
-    pub fn at(&self) -> f64 {
-        match self {
-            EngineEvent::FirstToken { at, .. }
-            | EngineEvent::Token { at, .. }
-            | EngineEvent::Finished { at, .. }
-            | EngineEvent::Rejected { at, .. } => *at,
-        }
-    }
-}
-
-/// A snapshot of the engine's state and counters, in the units of vLLM's
-/// `/metrics`.
-#[derive(Clone, Debug, Default)]
-pub struct EngineStats {
-    /// Requests waiting to be scheduled (`vllm:num_requests_waiting`).
-    pub waiting: u64,
-    /// Requests in the running batch (`vllm:num_requests_running`).
-    pub running: u64,
-    /// Fraction of KV blocks in use, 0..=1 (`vllm:kv_cache_usage_perc`).
-    pub kv_usage: f64,
-    pub num_gpu_blocks: u64,
-    pub block_size: u32,
-    /// Adapters used by running requests (`vllm:lora_requests_info`).
-    pub running_adapters: Vec<String>,
-    /// Adapters requested by waiting requests.
-    pub waiting_adapters: Vec<String>,
-    pub max_loras: u32,
-    /// Prompt tokens looked up in the prefix cache.
-    pub prefix_cache_queries: u64,
-    /// Prompt tokens found in the prefix cache.
-    pub prefix_cache_hits: u64,
-    pub prompt_tokens_total: u64,
-    pub generation_tokens_total: u64,
-    pub preemptions_total: u64,
-    /// Requests that finished by length.
-    pub requests_finished_total: u64,
-}
-
-/// Counters beyond [`EngineStats`] (kept separate so that struct stays the
-/// shape the HTTP front relies on).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EngineCounters {
-    pub requests_aborted_total: u64,
-    pub requests_rejected_total: u64,
-    /// Adapter loads into GPU slots (swaps).
-    pub lora_loads_total: u64,
-    /// Engine steps run.
-    pub steps_total: u64,
-    /// Adapters resident in GPU slots.
-    pub resident_adapters: Vec<String>,
-}

@@ -22,12 +22,12 @@
 use std::collections::HashMap;
 
 use super::config::EngineConfig;
+use super::interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
 use super::kv_cache::{BlockHasher, KvCache};
 use super::lora::LoraManager;
 use super::request::{Phase, RequestTable};
 use super::timing::{Roofline, StepLoad};
 use super::waiting::{SlotRef, WaitingQueue};
-use super::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
 
 /// The step in flight.
 #[derive(Clone, Copy, Debug, PartialEq)]

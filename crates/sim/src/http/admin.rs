@@ -12,8 +12,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use super::body::{ApiError, ResponseBody, boxed, json, text};
-use super::{AppState, StopMode};
+use super::body::{ApiError, ResponseBody, boxed, json, read_json, text};
+use super::state::{AppState, StopMode};
 use crate::faults::{FaultsUpdate, MetricsFault};
 
 /// What `/metrics` serves under the `garbage` fault: a page a proxy in the
@@ -22,7 +22,7 @@ const GARBAGE_METRICS: &str =
     "<html><head><title>Welcome</title></head><body><h1>It works!</h1></body></html>\n";
 
 pub(super) async fn metrics(state: &AppState) -> Response<ResponseBody> {
-    let content_type = state.exporter.lock().dialect().content_type();
+    let content_type = crate::metrics::content_type(state.exporter.lock().dialect());
     match state.faults.current().metrics {
         MetricsFault::Ok => {}
         MetricsFault::Dead => {
@@ -75,7 +75,7 @@ pub(super) fn get_faults(state: &AppState) -> Response<ResponseBody> {
 }
 
 pub(super) async fn set_faults(state: Arc<AppState>, body: Incoming) -> Response<ResponseBody> {
-    let update: FaultsUpdate = match super::read_json(body).await {
+    let update: FaultsUpdate = match read_json(body).await {
         Ok(update) => update,
         Err(error) => return error.into_response(),
     };

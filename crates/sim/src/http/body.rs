@@ -1,12 +1,18 @@
-//! Response bodies and the small response builders every route uses.
+//! Request and response bodies: reading a request's within its limit, and
+//! the small response builders every route uses.
 
 use std::convert::Infallible;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Empty, Full, Limited};
+use hyper::body::Incoming;
 use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Largest request body accepted (a long prompt is a few MB of JSON).
+const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// The body type of every response: a full buffer or a token stream.
 pub type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -102,6 +108,28 @@ impl ApiError {
     pub fn into_response(self) -> Response<ResponseBody> {
         json(self.status, &self.body())
     }
+}
+
+/// Reads a request body, refusing bodies over [`MAX_BODY_BYTES`].
+pub async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
+    match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BadRequestError",
+            format!("The request body exceeds {MAX_BODY_BYTES} bytes."),
+        )),
+        Err(error) => Err(ApiError::bad_request(format!(
+            "Could not read the request body: {error}"
+        ))),
+    }
+}
+
+/// Reads and parses a JSON body; malformed JSON is a 400.
+pub async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<T, ApiError> {
+    let bytes = read_body(body).await?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
 #[cfg(test)]

@@ -3,30 +3,25 @@
 //! as the tokens come — one SSE event per token when streaming.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
-use http_body::{Body, Frame};
+use http::{Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::AppState;
-use super::body::{ApiError, ResponseBody, boxed, json};
+use super::body::{ApiError, ResponseBody, json, read_body};
+use super::generate::{self, EventStream, Prompt, Started, StreamWriter};
 use super::openai::{
     ChatCompletionRequest, CompletionRequest, DONE_EVENT, Endpoint, ResponseHeader, StreamOptions,
     Usage, error_event,
 };
-use super::output::{self, Filler, OutputPlan};
-use crate::replica::{Generation, RequestEvent, RequestHandle};
+use super::output::{Filler, OutputPlan};
+use super::state::AppState;
+use crate::replica::RequestEvent;
 
 /// What both endpoints reduce a request to.
 struct Parsed {
-    model: Option<String>,
-    prompt: Vec<u32>,
-    max_tokens: Option<i64>,
+    prompt: Prompt,
     stream: bool,
     include_usage: bool,
     continuous_usage: bool,
@@ -48,61 +43,33 @@ async fn generate(
     body: Incoming,
     endpoint: Endpoint,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    if state.faults.current().hang {
-        // Accepted and never answered; nothing reaches the engine.
-        std::future::pending::<()>().await;
-    }
-    if state.faults.inject_error() {
-        return Err(ApiError::internal(
-            "Injected fault: the simulated server failed this request.",
-        ));
-    }
-    let bytes = super::read_body(body).await?;
+    generate::faults(&state).await?;
+    let bytes = read_body(body).await?;
     let parsed = parse(&bytes, endpoint)?;
-    let (model, adapter) = state.resolve_model(parsed.model.as_deref())?;
-    if parsed.prompt.is_empty() {
-        return Err(ApiError::bad_request(
-            "The prompt is empty; send at least one token.",
-        ));
-    }
-    let plan = output::plan(
-        state.seed,
-        &parsed.prompt,
-        parsed.max_tokens,
-        state.max_model_len,
-    )
-    .map_err(ApiError::bad_request)?;
-
-    let prompt_tokens = parsed.prompt.len() as u32;
-    let usage = UsageOptions {
-        include: parsed.include_usage,
-        continuous: parsed.continuous_usage,
-    };
-    let generation = Generation {
-        prompt: parsed.prompt,
-        max_tokens: plan.max_tokens,
-        adapter,
-        limited_by_max_tokens: plan.limited_by_max_tokens,
-    };
-    let request = state.engine.submit(generation).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            "The engine has stopped.",
-        )
-    })?;
-    let header = ResponseHeader::new(endpoint, model);
+    let mut started = generate::start(&state, parsed.prompt)?;
+    let header = ResponseHeader::new(endpoint, started.model.clone());
 
     if parsed.stream {
-        let stream = TokenStream::new(request, header, plan, prompt_tokens, usage);
-        let mut response = Response::new(boxed(stream));
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream; charset=utf-8"),
-        );
-        return Ok(response);
+        let usage = UsageOptions {
+            include: parsed.include_usage,
+            continuous: parsed.continuous_usage,
+        };
+        let Started {
+            request,
+            plan,
+            prompt_tokens,
+            ..
+        } = started;
+        let writer = ChunkWriter::new(header, plan, prompt_tokens, usage);
+        return Ok(EventStream::new(request, writer, Vec::new()).into_response());
     }
-    collect(request, header, plan).await
+    let (finished, text) = generate::answer(&mut started).await?;
+    let tokens = finished.tokens;
+    let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
+    Ok(json(
+        StatusCode::OK,
+        &header.response(&text, finished.finish.as_str(), usage),
+    ))
 }
 
 fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
@@ -113,12 +80,14 @@ fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
             let request: ChatCompletionRequest = serde_json::from_slice(bytes).map_err(invalid)?;
             let options = request.stream_options.as_ref();
             Ok(Parsed {
-                prompt: request.prompt_tokens(),
-                max_tokens: request.requested_max_tokens(),
+                prompt: Prompt {
+                    tokens: request.prompt_tokens(),
+                    max_tokens: request.requested_max_tokens(),
+                    model: request.model,
+                },
                 stream: request.stream.unwrap_or(false),
                 include_usage: StreamOptions::include_usage(options),
                 continuous_usage: StreamOptions::continuous_usage(options),
-                model: request.model,
             })
         }
         Endpoint::Completions => {
@@ -128,12 +97,14 @@ fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
                 .map_err(|message| ApiError::bad_request(message).with_param("prompt"))?;
             let options = request.stream_options.as_ref();
             Ok(Parsed {
-                prompt,
-                max_tokens: request.max_tokens,
+                prompt: Prompt {
+                    tokens: prompt,
+                    max_tokens: request.max_tokens,
+                    model: request.model,
+                },
                 stream: request.stream.unwrap_or(false),
                 include_usage: StreamOptions::include_usage(options),
                 continuous_usage: StreamOptions::continuous_usage(options),
-                model: request.model,
             })
         }
     }
@@ -146,38 +117,9 @@ struct UsageOptions {
     continuous: bool,
 }
 
-/// Waits for the whole answer (non-streaming). If the client goes away, this
-/// future is dropped with the request handle, which aborts the request.
-async fn collect(
-    mut request: RequestHandle,
-    header: ResponseHeader,
-    plan: OutputPlan,
-) -> Result<Response<ResponseBody>, ApiError> {
-    loop {
-        match request.next().await {
-            Some(RequestEvent::FirstToken { .. } | RequestEvent::Token) => {}
-            Some(RequestEvent::Finished { tokens, finish }) => {
-                let text = Filler::new(plan.content_seed).text(tokens.completion);
-                let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
-                return Ok(json(
-                    StatusCode::OK,
-                    &header.response(&text, finish.as_str(), usage),
-                ));
-            }
-            Some(RequestEvent::Rejected { reason }) => return Err(ApiError::bad_request(reason)),
-            None => {
-                return Err(ApiError::internal(
-                    "The engine stopped before the answer was complete.",
-                ));
-            }
-        }
-    }
-}
-
-/// The SSE body of a streaming answer: one `data:` event per token as the
-/// engine produces it. Dropping it (client gone) aborts the request.
-struct TokenStream {
-    request: RequestHandle,
+/// Chat and completion chunks: one `data:` event per token as the engine
+/// produces it, then `data: [DONE]`.
+struct ChunkWriter {
     header: ResponseHeader,
     filler: Filler,
     /// Tokens the answer will have unless aborted.
@@ -189,21 +131,16 @@ struct TokenStream {
     finish_sent: bool,
     include_usage: bool,
     continuous_usage: bool,
-    /// Events ready to be written.
-    pending: VecDeque<Bytes>,
-    ended: bool,
 }
 
-impl TokenStream {
+impl ChunkWriter {
     fn new(
-        request: RequestHandle,
         header: ResponseHeader,
         plan: OutputPlan,
         prompt_tokens: u32,
         usage: UsageOptions,
     ) -> Self {
         Self {
-            request,
             header,
             filler: Filler::new(plan.content_seed),
             planned_tokens: plan.max_tokens,
@@ -218,92 +155,63 @@ impl TokenStream {
             finish_sent: false,
             include_usage: usage.include,
             continuous_usage: usage.continuous,
-            pending: VecDeque::new(),
-            ended: false,
         }
     }
 
-    fn on_event(&mut self, event: Option<RequestEvent>) {
-        match event {
-            Some(RequestEvent::FirstToken { cached_tokens }) => {
-                self.cached_tokens = cached_tokens;
-                if self.header.endpoint == Endpoint::Chat {
-                    // vLLM opens a chat stream with the role once output starts.
-                    let usage = self.running_usage(0);
-                    self.pending
-                        .push_back(self.header.chunk(Some("assistant"), "", None, usage));
-                }
-                self.push_token();
-            }
-            Some(RequestEvent::Token) => self.push_token(),
-            Some(RequestEvent::Finished { tokens, .. }) => {
-                if !self.finish_sent {
-                    let usage = self.running_usage(self.sent_tokens);
-                    let reason = Some(self.finish_reason);
-                    self.pending
-                        .push_back(self.header.chunk(None, "", reason, usage));
-                }
-                if self.include_usage {
-                    let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
-                    self.pending.push_back(self.header.usage_chunk(usage));
-                }
-                self.finish();
-            }
-            Some(RequestEvent::Rejected { reason }) => {
-                self.pending
-                    .push_back(error_event(&ApiError::bad_request(reason).body()));
-                self.finish();
-            }
-            // The engine stopped: end the stream without [DONE], as a
-            // crashed server would.
-            None => self.ended = true,
-        }
-    }
-
-    fn push_token(&mut self) {
+    fn push_token(&mut self, out: &mut VecDeque<Bytes>) {
         self.sent_tokens += 1;
         let last = self.sent_tokens >= self.planned_tokens;
         let finish_reason = last.then_some(self.finish_reason);
         self.finish_sent |= last;
         let text = self.filler.next_token();
         let usage = self.running_usage(self.sent_tokens);
-        self.pending
-            .push_back(self.header.chunk(None, text, finish_reason, usage));
+        out.push_back(self.header.chunk(None, text, finish_reason, usage));
     }
 
     fn running_usage(&self, completion_tokens: u32) -> Option<Usage> {
         (self.include_usage && self.continuous_usage)
             .then(|| Usage::new(self.prompt_tokens, completion_tokens, self.cached_tokens))
     }
-
-    fn finish(&mut self) {
-        self.pending.push_back(Bytes::from_static(DONE_EVENT));
-        self.ended = true;
-    }
 }
 
-impl Body for TokenStream {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let this = self.get_mut();
-        loop {
-            if let Some(event) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(event))));
+impl StreamWriter for ChunkWriter {
+    fn on_event(&mut self, event: Option<RequestEvent>, out: &mut VecDeque<Bytes>) -> bool {
+        match event {
+            Some(RequestEvent::FirstToken { cached_tokens }) => {
+                self.cached_tokens = cached_tokens;
+                if self.header.endpoint == Endpoint::Chat {
+                    // vLLM opens a chat stream with the role once output starts.
+                    let usage = self.running_usage(0);
+                    out.push_back(self.header.chunk(Some("assistant"), "", None, usage));
+                }
+                self.push_token(out);
+                false
             }
-            if this.ended {
-                return Poll::Ready(None);
+            Some(RequestEvent::Token) => {
+                self.push_token(out);
+                false
             }
-            let event = ready!(this.request.poll_next(cx));
-            this.on_event(event);
+            Some(RequestEvent::Finished { tokens, .. }) => {
+                if !self.finish_sent {
+                    let usage = self.running_usage(self.sent_tokens);
+                    let reason = Some(self.finish_reason);
+                    out.push_back(self.header.chunk(None, "", reason, usage));
+                }
+                if self.include_usage {
+                    let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
+                    out.push_back(self.header.usage_chunk(usage));
+                }
+                out.push_back(Bytes::from_static(DONE_EVENT));
+                true
+            }
+            Some(RequestEvent::Rejected { reason }) => {
+                out.push_back(error_event(&ApiError::bad_request(reason).body()));
+                out.push_back(Bytes::from_static(DONE_EVENT));
+                true
+            }
+            // The engine stopped: end the stream without [DONE], as a
+            // crashed server would.
+            None => true,
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended && self.pending.is_empty()
     }
 }

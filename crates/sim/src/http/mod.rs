@@ -4,6 +4,8 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/chat/completions`, `POST /v1/completions` | generation, streaming (SSE) or not |
+//! | `POST /v1/responses` | OpenAI's Responses API on the same generation, streaming or not |
+//! | `POST /v1/embeddings` | deterministic vectors, each input timed as a prefill in the engine |
 //! | `GET /v1/models` | the base model and loaded LoRA adapters |
 //! | `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` | runtime LoRA, as vLLM |
 //! | `GET /health` | 200, empty |
@@ -16,118 +18,30 @@
 mod admin;
 mod body;
 mod completions;
+mod embeddings;
+mod generate;
 mod models;
 mod openai;
 mod output;
+mod responses;
+mod state;
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use parking_lot::Mutex;
-use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::faults::FaultState;
-use crate::metrics::Exporter;
-use crate::replica::EngineClient;
-use body::{ApiError, ResponseBody};
+use body::ResponseBody;
 use openai::Endpoint;
-
-/// Largest request body accepted (a long prompt is a few MB of JSON).
-const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-
-/// How a replica is asked to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum StopMode {
-    Running,
-    /// Stop accepting, let in-flight requests finish (bounded), then close.
-    Graceful,
-    /// Stop listening and drop every connection at once.
-    Crash,
-}
-
-/// Shared by the replica's handle, its admin API and its server loop.
-#[derive(Debug)]
-pub(crate) struct StopSignal(watch::Sender<StopMode>);
-
-impl StopSignal {
-    pub(crate) fn new() -> Self {
-        Self(watch::Sender::new(StopMode::Running))
-    }
-
-    /// Escalates only: a crash overrides a graceful stop, never the reverse.
-    pub(crate) fn request(&self, mode: StopMode) {
-        self.0.send_if_modified(|current| {
-            let escalate = mode > *current;
-            if escalate {
-                *current = mode;
-            }
-            escalate
-        });
-    }
-
-    fn subscribe(&self) -> watch::Receiver<StopMode> {
-        self.0.subscribe()
-    }
-}
-
-/// A LoRA adapter the server lists and accepts as `model`.
-#[derive(Debug, Clone)]
-pub(crate) struct LoadedAdapter {
-    pub name: String,
-    pub path: String,
-}
-
-/// Everything the handlers of one replica share.
-pub(crate) struct AppState {
-    /// The name clients use for the base model.
-    pub served_model: String,
-    /// `root` of the base model card (the model path, i.e. the HF id).
-    pub model_root: String,
-    pub max_model_len: u32,
-    /// Whether adapters can be loaded (`max_loras > 0`).
-    pub lora_enabled: bool,
-    /// Seeds answer lengths and words.
-    pub seed: u64,
-    pub engine: EngineClient,
-    pub adapters: Mutex<Vec<LoadedAdapter>>,
-    pub faults: FaultState,
-    pub exporter: Mutex<Exporter>,
-    /// The last `/metrics` text served, for the `frozen` fault.
-    pub last_metrics: Mutex<Option<Bytes>>,
-    pub stop: Arc<StopSignal>,
-}
-
-impl AppState {
-    /// Maps a request's `model` to the name to answer with and the adapter
-    /// to run (vLLM: base model if absent, 404 if unknown).
-    pub(crate) fn resolve_model(
-        &self,
-        requested: Option<&str>,
-    ) -> Result<(String, Option<String>), ApiError> {
-        match requested {
-            None => Ok((self.served_model.clone(), None)),
-            Some(name) if name == self.served_model => Ok((self.served_model.clone(), None)),
-            Some(name) if self.adapters.lock().iter().any(|a| a.name == name) => {
-                Ok((name.to_owned(), Some(name.to_owned())))
-            }
-            Some(name) => Err(
-                ApiError::not_found(format!("The model `{name}` does not exist."))
-                    .with_param("model"),
-            ),
-        }
-    }
-}
+pub(crate) use state::{AppState, StopMode, StopSignal};
 
 /// Accepts connections on `listener` until the stop signal fires. A graceful
 /// stop lets open requests run for up to `drain`; a crash drops everything.
@@ -202,6 +116,8 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
         (&Method::POST, "/v1/completions") => {
             completions::handle(state, body, Endpoint::Completions).await
         }
+        (&Method::POST, "/v1/responses") => responses::handle(state, body).await,
+        (&Method::POST, "/v1/embeddings") => embeddings::handle(state, body).await,
         (&Method::GET, "/v1/models") => models::list(&state),
         (&Method::POST, "/v1/load_lora_adapter") => models::load_adapter(state, body).await,
         (&Method::POST, "/v1/unload_lora_adapter") => models::unload_adapter(state, body).await,
@@ -221,9 +137,11 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
     }
 }
 
-const ROUTES: [&str; 9] = [
+const ROUTES: [&str; 11] = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
     "/v1/models",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
@@ -232,25 +150,3 @@ const ROUTES: [&str; 9] = [
     "/admin/faults",
     "/admin/crash",
 ];
-
-/// Reads a request body, refusing bodies over [`MAX_BODY_BYTES`].
-async fn read_body(body: Incoming) -> Result<Bytes, ApiError> {
-    match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "BadRequestError",
-            format!("The request body exceeds {MAX_BODY_BYTES} bytes."),
-        )),
-        Err(error) => Err(ApiError::bad_request(format!(
-            "Could not read the request body: {error}"
-        ))),
-    }
-}
-
-/// Reads and parses a JSON body; malformed JSON is a 400.
-async fn read_json<T: DeserializeOwned>(body: Incoming) -> Result<T, ApiError> {
-    let bytes = read_body(body).await?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
-}

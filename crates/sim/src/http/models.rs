@@ -8,9 +8,9 @@ use http::{Response, StatusCode};
 use hyper::body::Incoming;
 use serde::Deserialize;
 
-use super::body::{ApiError, ResponseBody, json, text};
+use super::body::{ApiError, ResponseBody, json, read_json, text};
 use super::openai::unix_now;
-use super::{AppState, LoadedAdapter};
+use super::state::{AppState, LoadedAdapter};
 
 /// `GET /v1/models`: the base model, then each adapter with `parent` = base.
 pub(super) fn list(state: &AppState) -> Response<ResponseBody> {
@@ -77,7 +77,7 @@ struct UnloadAdapterRequest {
 }
 
 pub(super) async fn load_adapter(state: Arc<AppState>, body: Incoming) -> Response<ResponseBody> {
-    let request: LoadAdapterRequest = match super::read_json(body).await {
+    let request: LoadAdapterRequest = match read_json(body).await {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };
@@ -96,7 +96,7 @@ pub(super) async fn load_adapter(state: Arc<AppState>, body: Incoming) -> Respon
 }
 
 pub(super) async fn unload_adapter(state: Arc<AppState>, body: Incoming) -> Response<ResponseBody> {
-    let request: UnloadAdapterRequest = match super::read_json(body).await {
+    let request: UnloadAdapterRequest = match read_json(body).await {
         Ok(request) => request,
         Err(error) => return error.into_response(),
     };

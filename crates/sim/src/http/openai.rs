@@ -82,16 +82,8 @@ impl ChatCompletionRequest {
             .messages
             .iter()
             .map(|m| {
-                let content = match &m.content {
-                    None => String::new(),
-                    Some(MessageContent::Text(text)) => text.clone(),
-                    Some(MessageContent::Parts(parts)) => parts
-                        .iter()
-                        .filter_map(|p| p.text.as_deref())
-                        .collect::<Vec<_>>()
-                        .join("\n"),
-                };
-                (m.role.as_str(), content)
+                let content = m.content.as_ref().map(MessageContent::text);
+                (m.role.as_str(), content.unwrap_or_default())
             })
             .collect();
         tokenizer::encode_chat(
@@ -104,6 +96,21 @@ impl ChatCompletionRequest {
     /// `max_completion_tokens`, else the deprecated `max_tokens`.
     pub fn requested_max_tokens(&self) -> Option<i64> {
         self.max_completion_tokens.or(self.max_tokens)
+    }
+}
+
+impl MessageContent {
+    /// The text the model reads: the string, or the text parts joined by
+    /// newlines.
+    pub fn text(&self) -> String {
+        match self {
+            MessageContent::Text(text) => text.clone(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| p.text.as_deref())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
     }
 }
 

@@ -9,8 +9,8 @@
 //! over the interval since the previous scrape).
 
 use super::format::ostream_double;
+use super::scrape::{Scrape, kv_capacity_tokens};
 use super::text::TextWriter;
-use super::{Scrape, kv_capacity_tokens};
 
 pub(super) fn render(scrape: &Scrape<'_>) -> String {
     let stats = scrape.stats;

@@ -15,112 +15,62 @@ mod format;
 mod histogram;
 mod llamacpp;
 mod requests;
+mod scrape;
 mod sglang;
 mod text;
 mod tgi;
 mod vllm;
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
 use crate::engine::EngineStats;
 
 pub use histogram::Histogram;
 pub use requests::{FinishKind, FinishedTokens, LatencyBuckets, RequestTotals, RequestTracker};
+pub use scrape::{ReplicaIdentity, Scrape};
+pub use signals::Dialect;
 
-/// Which engine's metric names `/metrics` speaks.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Dialect {
-    /// vLLM V1 (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, ...).
-    #[default]
-    Vllm,
-    /// SGLang (`sglang:num_running_reqs`, `sglang:token_usage`, ...).
-    Sglang,
-    /// Hugging Face TGI (`tgi_queue_size`, `tgi_batch_current_size`, ...).
-    Tgi,
-    /// llama.cpp server (`llamacpp:requests_processing`, ...).
-    Llamacpp,
+/// The dialects `/metrics` can speak. The gateway reads more (TensorRT-LLM,
+/// Triton, none); the simulator renders these.
+pub const DIALECTS: [Dialect; 4] = [
+    Dialect::Vllm,
+    Dialect::Sglang,
+    Dialect::Tgi,
+    Dialect::Llamacpp,
+];
+
+/// Whether the simulator can render `dialect`.
+pub fn renders(dialect: Dialect) -> bool {
+    DIALECTS.contains(&dialect)
 }
 
-impl Dialect {
-    pub const ALL: [Dialect; 4] = [
-        Dialect::Vllm,
-        Dialect::Sglang,
-        Dialect::Tgi,
-        Dialect::Llamacpp,
-    ];
+/// A dialect the simulator renders, by name in any case.
+pub fn parse_dialect(name: &str) -> Result<Dialect, String> {
+    DIALECTS
+        .into_iter()
+        .find(|d| d.as_str().eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            format!("unknown metrics dialect {name:?} (expected vllm, sglang, tgi or llamacpp)")
+        })
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dialect::Vllm => "vllm",
-            Dialect::Sglang => "sglang",
-            Dialect::Tgi => "tgi",
-            Dialect::Llamacpp => "llamacpp",
-        }
-    }
-
-    /// Bucket bounds of this engine's latency histograms.
-    pub fn latency_buckets(self) -> LatencyBuckets {
-        match self {
-            Dialect::Vllm | Dialect::Llamacpp => vllm::latency_buckets(),
-            Dialect::Sglang => sglang::latency_buckets(),
-            Dialect::Tgi => tgi::latency_buckets(),
-        }
-    }
-
-    /// The `Content-Type` this engine serves `/metrics` with.
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Dialect::Vllm | Dialect::Sglang => "text/plain; version=0.0.4; charset=utf-8",
-            Dialect::Tgi | Dialect::Llamacpp => "text/plain; version=0.0.4",
-        }
+/// Bucket bounds of an engine's latency histograms. Dialects the
+/// simulator does not render get vLLM's: nothing renders them.
+pub fn latency_buckets(dialect: Dialect) -> LatencyBuckets {
+    match dialect {
+        Dialect::Vllm | Dialect::Llamacpp => vllm::latency_buckets(),
+        Dialect::Sglang => sglang::latency_buckets(),
+        Dialect::Tgi => tgi::latency_buckets(),
+        Dialect::Trtllm | Dialect::Triton | Dialect::None => vllm::latency_buckets(),
     }
 }
 
-impl fmt::Display for Dialect {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The `Content-Type` an engine serves `/metrics` with. Dialects the
+/// simulator does not render get the plain exposition type.
+pub fn content_type(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Vllm | Dialect::Sglang => "text/plain; version=0.0.4; charset=utf-8",
+        Dialect::Tgi | Dialect::Llamacpp => "text/plain; version=0.0.4",
+        Dialect::Trtllm | Dialect::Triton | Dialect::None => "text/plain; version=0.0.4",
     }
-}
-
-impl FromStr for Dialect {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Dialect::ALL
-            .into_iter()
-            .find(|d| d.as_str().eq_ignore_ascii_case(s))
-            .ok_or_else(|| {
-                format!("unknown metrics dialect {s:?} (expected vllm, sglang, tgi or llamacpp)")
-            })
-    }
-}
-
-/// What does not change while a replica runs: labels and configuration
-/// values that appear in `/metrics`.
-#[derive(Debug, Clone)]
-pub struct ReplicaIdentity {
-    /// The served model name (the `model_name` label).
-    pub model_name: String,
-    pub max_model_len: u32,
-    pub gpu_memory_utilization: f64,
-    pub enable_prefix_caching: bool,
-    /// Unix time the replica started (the `_created` series).
-    pub started_unix: f64,
-}
-
-/// One scrape's inputs.
-pub struct Scrape<'a> {
-    pub identity: &'a ReplicaIdentity,
-    pub stats: &'a EngineStats,
-    pub requests: &'a RequestTotals,
-    /// Wall-clock unix time of the scrape (vLLM's `lora_requests_info` value).
-    pub now_unix: f64,
 }
 
 /// Renders `/metrics` for one replica. Keeps the little state a real
@@ -133,7 +83,15 @@ pub struct Exporter {
 }
 
 impl Exporter {
+    /// # Panics
+    ///
+    /// When the simulator does not render `dialect` ([`renders`]); a
+    /// replica spec with such a dialect is refused before this.
     pub fn new(dialect: Dialect, identity: ReplicaIdentity) -> Self {
+        assert!(
+            renders(dialect),
+            "the simulator does not render the {dialect} metrics dialect"
+        );
         Self {
             dialect,
             identity,
@@ -166,22 +124,11 @@ impl Exporter {
             Dialect::Sglang => sglang::render(&scrape),
             Dialect::Tgi => tgi::render(&scrape),
             Dialect::Llamacpp => llamacpp::render(&scrape),
+            Dialect::Trtllm | Dialect::Triton | Dialect::None => {
+                unreachable!("Exporter::new refuses dialects the simulator does not render")
+            }
         }
     }
-}
-
-/// Cumulative prefix-cache hit rate in [0, 1] (0 before any query).
-fn prefix_hit_rate(stats: &EngineStats) -> f64 {
-    if stats.prefix_cache_queries == 0 {
-        0.0
-    } else {
-        stats.prefix_cache_hits as f64 / stats.prefix_cache_queries as f64
-    }
-}
-
-/// KV-cache capacity in tokens.
-fn kv_capacity_tokens(stats: &EngineStats) -> u64 {
-    stats.num_gpu_blocks * u64::from(stats.block_size)
 }
 
 #[cfg(test)]
@@ -218,7 +165,7 @@ pub(crate) mod test_support {
     }
 
     pub fn requests(dialect: Dialect) -> RequestTotals {
-        let mut tracker = RequestTracker::new(dialect.latency_buckets(), 8192);
+        let mut tracker = RequestTracker::new(latency_buckets(dialect), 8192);
         tracker.on_submit(1, 0.0, true);
         tracker.on_first_token(1, 0.05);
         tracker.on_token(1, 0.07);
@@ -286,16 +233,24 @@ mod tests {
 
     #[test]
     fn dialect_parses_case_insensitively() {
-        assert_eq!("SGLang".parse::<Dialect>(), Ok(Dialect::Sglang));
-        assert!("triton".parse::<Dialect>().is_err());
-        for d in Dialect::ALL {
-            assert_eq!(d.to_string().parse::<Dialect>(), Ok(d));
+        assert_eq!(parse_dialect("SGLang"), Ok(Dialect::Sglang));
+        assert!(parse_dialect("triton").is_err());
+        for d in DIALECTS {
+            assert_eq!(parse_dialect(&d.to_string()), Ok(d));
+        }
+    }
+
+    #[test]
+    fn renders_only_its_own_dialects() {
+        assert!(DIALECTS.into_iter().all(renders));
+        for d in [Dialect::Trtllm, Dialect::Triton, Dialect::None] {
+            assert!(!renders(d), "{d}");
         }
     }
 
     #[test]
     fn every_dialect_renders_well_formed_text() {
-        for dialect in Dialect::ALL {
+        for dialect in DIALECTS {
             let mut exporter = Exporter::new(dialect, identity());
             let text = exporter.render(&stats(), &requests(dialect), 1_785_967_000.0);
             assert_well_formed(&text);

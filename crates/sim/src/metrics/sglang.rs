@@ -10,8 +10,8 @@
 
 use super::format::prometheus_client;
 use super::requests::{FinishKind, LatencyBuckets};
+use super::scrape::{Scrape, kv_capacity_tokens, prefix_hit_rate};
 use super::text::{HistogramOrder, TextWriter};
-use super::{Scrape, kv_capacity_tokens, prefix_hit_rate};
 
 pub(super) fn latency_buckets() -> LatencyBuckets {
     LatencyBuckets {

@@ -8,9 +8,9 @@
 //!
 //! TGI exposes no KV-cache gauge: a gateway sees only queue and batch sizes.
 
-use super::Scrape;
 use super::format::rust_display;
 use super::requests::LatencyBuckets;
+use super::scrape::Scrape;
 use super::text::{HistogramOrder, TextWriter};
 
 fn duration_buckets() -> Vec<f64> {

@@ -8,8 +8,8 @@
 use super::format::{prometheus_client, python_repr};
 use super::histogram::Histogram;
 use super::requests::{FinishKind, LatencyBuckets};
+use super::scrape::{Scrape, kv_capacity_tokens};
 use super::text::{HistogramOrder, TextWriter};
-use super::{Scrape, kv_capacity_tokens};
 
 const TTFT_BUCKETS: [f64; 22] = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -158,9 +158,11 @@ pub struct Sse {
     buffer: Vec<u8>,
 }
 
-/// One `data:` event and when it arrived.
+/// One event and when it arrived: its `data:`, and its `event:` type when
+/// it has one (the Responses API names its events, chat streams do not).
 pub struct Event {
     pub at: Instant,
+    pub event: Option<String>,
     pub data: String,
 }
 
@@ -183,13 +185,20 @@ impl Sse {
             if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
                 let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
                 let text = String::from_utf8(raw).expect("UTF-8 event");
-                let data = text
-                    .trim_end()
-                    .strip_prefix("data: ")
-                    .unwrap_or_else(|| panic!("not a data event: {text:?}"));
+                let (mut event, mut data) = (None, None);
+                for line in text.trim_end().lines() {
+                    if let Some(name) = line.strip_prefix("event: ") {
+                        assert!(event.replace(name.to_owned()).is_none(), "{text:?}");
+                    } else if let Some(value) = line.strip_prefix("data: ") {
+                        assert!(data.replace(value.to_owned()).is_none(), "{text:?}");
+                    } else {
+                        panic!("unexpected line {line:?} in {text:?}");
+                    }
+                }
                 return Ok(Some(Event {
                     at: Instant::now(),
-                    data: data.to_owned(),
+                    event,
+                    data: data.unwrap_or_else(|| panic!("not a data event: {text:?}")),
                 }));
             }
             let Some(frame) = self.body.frame().await else {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::body;
-use crate::drain::Drain;
+use crate::shutdown::Drain;
 
 const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
 

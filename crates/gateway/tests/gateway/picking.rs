@@ -3,17 +3,16 @@
 //! where requests actually went. Signals are awaited on the admin
 //! listener's `/debug/pools`, never slept for.
 
-mod support;
-
 use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    Behaviour, CHAT, FakeReplica, MetricsFault, client, config, debug_pools, emit, poll_until,
+    until_debug_pools, vllm_metrics, within,
+};
 use gateway::Gateway;
 use serde_json::{Value, json};
-use support::{Behaviour, FakeReplica, MetricsFault, client, config, vllm_metrics};
 
-const CHAT: &str = "/v1/chat/completions";
 /// Scrape interval and staleness threshold of every pool here: short, so
 /// staleness tests take well under a second.
 const INTERVAL: Duration = Duration::from_millis(20);
@@ -29,10 +28,15 @@ const SLACK: Duration = Duration::from_millis(300);
 // Setup
 
 async fn replicas<const N: usize>() -> [FakeReplica; N] {
+    replicas_as(Behaviour::Echo).await
+}
+
+/// Replicas `a`, `b`, … behaving alike.
+async fn replicas_as<const N: usize>(behaviour: Behaviour) -> [FakeReplica; N] {
     let mut out = Vec::with_capacity(N);
     for i in 0..N {
         let name = ((b'a' + i as u8) as char).to_string();
-        out.push(FakeReplica::start(&name, Behaviour::Echo).await);
+        out.push(FakeReplica::start(&name, behaviour.clone()).await);
     }
     out.try_into().unwrap_or_else(|_| unreachable!())
 }
@@ -66,7 +70,8 @@ async fn gateway_with(
         STALE_AFTER.as_millis(),
     );
     let gw = Gateway::start(&config(spec, &pool)).await.unwrap();
-    let pools = debug_pools(&gw).await;
+    let document = debug_pools(&gw).await;
+    let pools = &document["pools"];
     assert_eq!(pools[0]["engine"], "vllm", "{pools}");
     assert!(
         pools[0]["policy"]
@@ -80,23 +85,10 @@ async fn gateway_with(
 // ---------------------------------------------------------------------------
 // Observing the gateway
 
-async fn debug_pools(gw: &Gateway) -> Value {
-    let admin = gw.admin_addr().expect("admin listener configured");
-    let body: Value = client()
-        .get(format!("http://{admin}/debug/pools"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["pools"].clone()
-}
-
 /// The replica's entry in `/debug/pools`.
 fn entry<'a>(pools: &'a Value, r: &FakeReplica) -> &'a Value {
     let addr = r.addr.to_string();
-    pools[0]["endpoints"]
+    pools["pools"][0]["endpoints"]
         .as_array()
         .unwrap()
         .iter()
@@ -106,20 +98,8 @@ fn entry<'a>(pools: &'a Value, r: &FakeReplica) -> &'a Value {
 
 /// Poll `/debug/pools` until `ready` holds for `r`'s entry.
 async fn await_replica(gw: &Gateway, r: &FakeReplica, what: &str, ready: impl Fn(&Value) -> bool) {
-    let mut last = Value::Null;
-    let polled = tokio::time::timeout(DEADLINE, async {
-        loop {
-            last = debug_pools(gw).await;
-            if ready(entry(&last, r)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    if polled.is_err() {
-        panic!("replica {} never became {what}: {last}", r.name);
-    }
+    let what = format!("replica {} {what}", r.name);
+    until_debug_pools(gw, DEADLINE, &what, |pools| ready(entry(pools, r))).await;
 }
 
 async fn await_health(gw: &Gateway, r: &FakeReplica, health: &str) {
@@ -247,12 +227,6 @@ fn system_prompt(topic: &str) -> String {
     (0..40)
         .map(|i| format!("Rule {i} about {topic}: answer briefly. "))
         .collect()
-}
-
-async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(DEADLINE, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
 }
 
 // ---------------------------------------------------------------------------
@@ -403,11 +377,8 @@ async fn a_request_is_unanswered_until_its_first_event() {
 
     use futures_util::StreamExt;
     let mut stream = resp.bytes_stream();
-    events
-        .send(bytes::Bytes::from_static(b"data: {}\n\n"))
-        .await
-        .unwrap();
-    within("the first event", stream.next())
+    emit(&events, "data: {}\n\n").await;
+    within(DEADLINE, "the first event", stream.next())
         .await
         .unwrap()
         .unwrap();
@@ -415,7 +386,7 @@ async fn a_request_is_unanswered_until_its_first_event() {
 
     drop(events);
     assert!(
-        within("the end of the stream", stream.next())
+        within(DEADLINE, "the end of the stream", stream.next())
             .await
             .is_none()
     );
@@ -572,7 +543,7 @@ async fn metrics_outage(fault: MetricsFault, health: &str) {
     a.set_metrics_fault(fault);
     let failed = Instant::now();
     let mut i = 0;
-    within("traffic leaving a", async {
+    within(DEADLINE, "traffic leaving a", async {
         while chat(&gw, "m", i).await.replica() == "a" {
             i += 1;
         }
@@ -715,11 +686,7 @@ async fn saturated_pool_answers_429_with_retry_after_until_it_drains() {
 /// Every replica serves, but every `/metrics` hangs: all stale, all
 /// reachable.
 async fn stale_pool(behaviour: Behaviour, fallback: &str) -> ([FakeReplica; 3], Gateway) {
-    let mut fleet = Vec::new();
-    for name in ["a", "b", "c"] {
-        fleet.push(FakeReplica::start(name, behaviour.clone()).await);
-    }
-    let fleet: [FakeReplica; 3] = fleet.try_into().unwrap_or_else(|_| unreachable!());
+    let fleet = replicas_as::<3>(behaviour).await;
     let gw = gateway(&fleet, "", &format!(", fallback: {fallback}")).await;
     for r in &fleet {
         idle(&gw, r).await;
@@ -752,11 +719,17 @@ async fn stale_pool_falls_back_to_least_request() {
     for i in 0..3 {
         let gw = std::sync::Arc::clone(&gw);
         held.push(tokio::spawn(async move { chat(&gw, "m", i).await }));
-        within("the request reaching a replica", async {
-            while received(&fleet) < i + 1 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
+        let fleet = &fleet;
+        poll_until(
+            DEADLINE,
+            "the request reaching a replica",
+            move || async move {
+                match received(fleet) {
+                    n if n > i => Ok(()),
+                    n => Err(format!("{n} received")),
+                }
+            },
+        )
         .await;
     }
     for r in &fleet {

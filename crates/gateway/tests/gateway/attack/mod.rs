@@ -13,32 +13,29 @@
 //! gateway send before it, has reached the replica); every wait is bounded
 //! so a hang fails the case instead of blocking CI.
 //!
-//! Helpers: `attack/wire.rs` parses raw HTTP/1.1 strictly,
-//! `attack/replica.rs` is the recording replica, `attack/client.rs` starts
-//! the gateway and holds the raw clients.
+//! Helpers: [`wire`] parses raw HTTP/1.1 strictly, [`replica`] is the
+//! recording replica, [`client`] starts the gateway and holds the raw
+//! clients.
 //!
 //! Table-driven groups run every case and print `PASS`/`FAIL` per case
-//! (`cargo test -p infergate-gateway --test attack -- --nocapture`), then
-//! fail with the list of failures.
+//! (`cargo test -p infergate-gateway --test gateway attack:: -- --nocapture`),
+//! then fail with the list of failures.
 
-#[path = "attack/client.rs"]
 mod client;
-#[path = "attack/replica.rs"]
 mod replica;
-mod support;
-#[path = "attack/wire.rs"]
 mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use client::{Exchanged, Lab, RawConn, WAIT, check_error_object, exchange, openai_error};
+use client::{Exchanged, Lab, RawConn, WAIT, check_error_object, exchange, openai_error, post};
 use replica::{Answer, Script, Seen};
 use tokio::sync::Notify;
 use wire::Fields;
 
-const CHAT: &str = "/v1/chat/completions";
+use crate::support::CHAT;
+
 /// The smallest body the gateway routes: 13 bytes (`d` in hex).
 const B: &str = r#"{"model":"m"}"#;
 /// [`B`] as one chunk and the last chunk.
@@ -354,10 +351,6 @@ fn post_ka(path: &str, body: &str) -> String {
         &format!("POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"),
         body,
     )
-}
-
-fn post(path: &str, extra: &str, body: &str) -> Vec<u8> {
-    client::post(path, extra, body)
 }
 
 // ---------------------------------------------------------------------------
@@ -869,7 +862,7 @@ async fn finding1_request_target_over_8k_is_414() {
 /// cleanly, not panic and drop the connection.
 #[tokio::test]
 async fn finding1_h2c_pool_with_a_huge_authority_answers_cleanly() {
-    let h2 = support::FakeReplica::start("h2", support::Behaviour::Echo).await;
+    let h2 = crate::support::FakeReplica::start("h2", crate::support::Behaviour::Echo).await;
     let endpoint = format!("0x{}7f000001:{}", "0".repeat(60_000), h2.addr.port());
     let gw = client::start_gateway("", &[endpoint], ", protocol: h2c").await;
     let mut failed = Vec::new();
@@ -913,7 +906,7 @@ async fn finding1_h2c_pool_with_a_huge_authority_answers_cleanly() {
         report("h2c-huge-authority", name, outcome, &mut failed);
     }
     // The gateway still serves.
-    let health = exchange(gw.addr(), support::HEALTHZ, 1)
+    let health = exchange(gw.addr(), crate::support::HEALTHZ, 1)
         .await
         .and_then(|got| match got.responses[0].status {
             200 => Ok(()),
@@ -1390,7 +1383,7 @@ async fn finding5_connections_per_client_are_limited() {
     // A third is closed at once, without an answer.
     let third = async {
         let mut third = RawConn::open(lab.addr()).await?;
-        let _ = third.send(support::HEALTHZ).await;
+        let _ = third.send(crate::support::HEALTHZ).await;
         let started = Instant::now();
         let bytes = third.rest_within(Duration::from_secs(2)).await?;
         if !bytes.is_empty() {
@@ -1413,7 +1406,7 @@ async fn finding5_connections_per_client_are_limited() {
         loop {
             tries += 1;
             let mut conn = RawConn::open(lab.addr()).await?;
-            let _ = conn.send(support::HEALTHZ).await;
+            let _ = conn.send(crate::support::HEALTHZ).await;
             match conn.answer().await {
                 Ok(r) if r.status == 200 => return Ok(tries),
                 Ok(r) => return Err(format!("answered {}", r.summary())),
@@ -1437,7 +1430,7 @@ async fn finding5_connections_per_client_are_limited() {
 }
 
 async fn served_healthz(conn: &mut RawConn) -> Result<(), String> {
-    conn.send(support::HEALTHZ).await?;
+    conn.send(crate::support::HEALTHZ).await?;
     let r = conn.answer().await?;
     match r.status {
         200 => Ok(()),

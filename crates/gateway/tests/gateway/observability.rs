@@ -6,20 +6,19 @@
 //! Tests run on the current-thread runtime so that a per-test `tracing`
 //! subscriber sees every event the gateway's tasks emit.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bytes::Bytes;
+use crate::support::exposition::scrape;
+use crate::support::logs::Logs;
+use crate::support::{
+    Behaviour, CHAT, FakeReplica, HEALTHZ, MetricsFault, client, closed_port, config, debug_pools,
+    emit, healthz_answered, plain_pool, poll_until, until_debug_pools, vllm_metrics,
+};
 use futures_util::StreamExt;
 use gateway::Gateway;
 use serde_json::{Value, json};
-use support::exposition::scrape;
-use support::logs::Logs;
-use support::{Behaviour, FakeReplica, MetricsFault, client, config, vllm_metrics};
 
-const CHAT: &str = "/v1/chat/completions";
 const DEADLINE: Duration = Duration::from_secs(20);
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const USAGE_REPLY: &str = r#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
@@ -35,17 +34,6 @@ const STREAM_EVENTS: [&str; 5] = [
 // ---------------------------------------------------------------------
 // Gateway helpers
 
-async fn debug_pools(gw: &Gateway) -> Value {
-    client()
-        .get(format!("http://{}/debug/pools", gw.admin_addr().unwrap()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
 fn endpoint<'a>(pools: &'a Value, pool: &str) -> &'a Value {
     let pool = pools["pools"]
         .as_array()
@@ -57,21 +45,13 @@ fn endpoint<'a>(pools: &'a Value, pool: &str) -> &'a Value {
 }
 
 /// Poll `/debug/pools` until `condition` holds for the first replica of
-/// `pool` (the gateway's view changes with its scrapes; there is no event
-/// to wait on from outside).
+/// `pool`.
 async fn until_endpoint(gw: &Gateway, pool: &str, what: &str, condition: impl Fn(&Value) -> bool) {
-    let mut last = Value::Null;
-    let found = tokio::time::timeout(DEADLINE, async {
-        loop {
-            last = debug_pools(gw).await;
-            if condition(endpoint(&last, pool)) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    let what = format!("{pool}: {what}");
+    until_debug_pools(gw, DEADLINE, &what, |pools| {
+        condition(endpoint(pools, pool))
     })
     .await;
-    assert!(found.is_ok(), "{pool}: never {what}; last seen {last}");
 }
 
 fn chat_body(model: &str, stream: bool) -> String {
@@ -100,10 +80,7 @@ async fn streamed_chat(gw: &Gateway, replica: &FakeReplica, id: &str) {
     let events = replica.next_stream().await;
     let mut body = resp.bytes_stream();
     for event in STREAM_EVENTS {
-        events
-            .send(Bytes::from_static(event.as_bytes()))
-            .await
-            .unwrap();
+        emit(&events, event).await;
         let mut seen = Vec::new();
         while seen.len() < event.len() {
             seen.extend_from_slice(&body.next().await.unwrap().unwrap());
@@ -112,12 +89,6 @@ async fn streamed_chat(gw: &Gateway, replica: &FakeReplica, id: &str) {
     }
     drop(events);
     assert!(body.next().await.is_none());
-}
-
-/// An address nothing listens on.
-async fn closed_port() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().to_string()
 }
 
 // ---------------------------------------------------------------------
@@ -442,7 +413,7 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     let exported = exported.names();
 
     let dashboard: Value =
-        serde_json::from_str(include_str!("../../../deploy/grafana/infergate.json")).unwrap();
+        serde_json::from_str(include_str!("../../../../deploy/grafana/infergate.json")).unwrap();
     let mut queries = Vec::new();
     collect_queries(&dashboard, &mut queries);
     let queried: BTreeSet<String> = queries.iter().flat_map(|q| metric_names(q)).collect();
@@ -573,13 +544,7 @@ async fn debug_pools_and_metrics_follow_a_replica_going_stale_and_back() {
 async fn traceparent_reaches_the_replica_forwarded_or_generated() {
     let (logs, _guard) = Logs::capture();
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
-    let cfg = config(
-        "",
-        &format!(
-            "    - {{name: p, engine: none, models: [m], endpoints: [\"{}\"], scheduling: {{policy: round-robin}}}}\n",
-            replica.addr
-        ),
-    );
+    let cfg = config("", &plain_pool(&[&replica.addr.to_string()], ""));
     let gw = Gateway::start(&cfg).await.unwrap();
 
     let resp = post(
@@ -638,26 +603,11 @@ async fn decision_scores_are_logged_at_debug_level() {
     let cfg = config("  admin: {address: \"127.0.0.1:0\"}\n", &pools);
     let gw = gateway::Gateway::start(&cfg).await.unwrap();
     // Wait for both replicas' first scrape: until then nothing is scored.
-    let debug = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
-    tokio::time::timeout(DEADLINE, async {
-        loop {
-            let pools: Value = client()
-                .get(&debug)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let endpoints = pools["pools"][0]["endpoints"].as_array().unwrap().clone();
-            if endpoints.iter().all(|e| e["health"] == "healthy") {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    until_debug_pools(&gw, DEADLINE, "both replicas healthy", |pools| {
+        let endpoints = pools["pools"][0]["endpoints"].as_array().unwrap();
+        endpoints.iter().all(|e| e["health"] == "healthy")
     })
-    .await
-    .unwrap();
+    .await;
     let resp = client()
         .post(format!("http://{}/v1/completions", gw.addr()))
         .body(r#"{"model":"m","prompt":"hello"}"#)
@@ -684,16 +634,14 @@ async fn decision_scores_are_logged_at_debug_level() {
 async fn the_servers_own_gauges_count_open_connections_and_come_back_to_idle() {
     use tokio::io::AsyncWriteExt;
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let addr = replica.addr.to_string();
     let cfg = config(
         "  admin: {address: \"127.0.0.1:0\"}\n",
-        &format!(
-            "    - {{name: p, engine: none, models: [m], endpoints: [\"{}\"], scheduling: {{policy: round-robin}}}}\n",
-            replica.addr
-        ),
+        &plain_pool(&[&addr], ""),
     );
     let gw = Gateway::start(&cfg).await.unwrap();
     let connections =
-        |m: &support::exposition::Exposition| m.value("infergate_client_connections", &[]);
+        |m: &crate::support::exposition::Exposition| m.value("infergate_client_connections", &[]);
     let idle = scrape(&gw).await;
     // The accept loop's waiting slot is not a connection.
     assert_eq!(connections(&idle), 0.0);
@@ -703,21 +651,26 @@ async fn the_servers_own_gauges_count_open_connections_and_come_back_to_idle() {
     let mut open = Vec::new();
     for _ in 0..3 {
         let mut conn = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
-        conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-            .await
-            .unwrap();
-        support::healthz_answered(&mut conn).await;
+        conn.write_all(HEALTHZ).await.unwrap();
+        healthz_answered(&mut conn).await;
         open.push(conn);
     }
     assert_eq!(connections(&scrape(&gw).await), 3.0);
     drop(open);
     // The server sees the clients leave when it next reads: bounded polling.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while connections(&scrape(&gw).await) != 0.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "connections never closed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let gw = &gw;
+    let connections = &connections;
+    poll_until(
+        Duration::from_secs(10),
+        "connections closed",
+        move || async move {
+            let open = connections(&scrape(gw).await);
+            if open == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{open} open"))
+            }
+        },
+    )
+    .await;
 }

@@ -12,6 +12,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::replica::{RecordingReplica, Script, Seen};
 use super::wire::{self, Fields, Parsed, Response};
+use crate::support::{self, CHAT};
 
 /// How long any one answer may take before the case fails.
 pub const WAIT: Duration = Duration::from_secs(5);
@@ -46,7 +47,7 @@ impl Lab {
     /// upstream has been sent by the time this is answered: a barrier
     /// awaited, not slept.
     pub async fn sentinel(&self) -> Result<(), String> {
-        let answers = exchange(self.addr(), &post("/v1/chat/completions", "", SENTINEL), 1)
+        let answers = exchange(self.addr(), &post(CHAT, "", SENTINEL), 1)
             .await
             .map_err(|e| format!("sentinel request after the case: {e}"))?;
         match answers.responses[0].status {
@@ -87,14 +88,10 @@ const SENTINEL: &str = r#"{"model":"m","sentinel":true}"#;
 
 /// A gateway over `endpoints`, its config read from YAML and validated.
 pub async fn start_gateway(spec: &str, endpoints: &[String], pool: &str) -> Gateway {
-    let endpoints: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
-    let yaml = format!(
-        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - {{name: public, address: \"127.0.0.1:0\"}}\n{spec}  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [{}], scheduling: {{policy: round-robin}}{pool}}}\n",
-        endpoints.join(", ")
-    );
-    let config = config::from_yaml(&yaml)
-        .and_then(config::validated)
-        .unwrap_or_else(|e| panic!("test config refused: {e}\n{yaml}"));
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let pools = support::plain_pool(&endpoints, pool);
+    let config = config::validated(support::config(spec, &pools))
+        .unwrap_or_else(|e| panic!("test config refused: {e}\n{spec}{pools}"));
     Gateway::start(&config).await.expect("gateway starts")
 }
 

@@ -9,8 +9,6 @@
 //! Every waiting request ends in exactly one outcome: dispatched, refused
 //! with a reason, or removed because its client left.
 
-mod queue;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -18,61 +16,33 @@ use std::time::{Duration, Instant};
 
 use config::Priority;
 use parking_lot::Mutex;
+use picker::flow::Queue;
 use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
-use self::queue::Queue;
-use crate::error::ApiError;
+use crate::error::{ApiError, DropReason};
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
 pub const FAIRNESS_HEADER: &str = "x-infergate-fairness-id";
 /// Longest fairness id kept; longer ids are cut (they only group requests).
 const MAX_FAIRNESS_ID: usize = 128;
 
-/// Why a request was not admitted; sent as `x-infergate-dropped-reason`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    QueueFull,
-    WaitExpired,
-    NoReplicas,
-    Saturated,
-}
-
-impl DropReason {
-    pub const ALL: [DropReason; 4] = [
-        DropReason::QueueFull,
-        DropReason::WaitExpired,
-        DropReason::NoReplicas,
-        DropReason::Saturated,
-    ];
-
-    /// The reason a `x-infergate-dropped-reason` value names.
-    pub fn parse(value: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == value)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::QueueFull => "queue-full",
-            DropReason::WaitExpired => "wait-expired",
-            DropReason::NoReplicas => "no-replicas",
-            DropReason::Saturated => "saturated",
-        }
-    }
-}
-
 thread_local! {
     static NO_KEY: Arc<str> = Arc::from("");
 }
 
-/// A request's place in flow control: its band, its fairness key and the
-/// bytes it holds while waiting.
+/// A request's place in flow control: its band, its fairness key, the
+/// bytes it holds while waiting, and its band's limits as the request's
+/// generation of the config sets them.
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub band: Priority,
     pub key: Arc<str>,
     pub bytes: u64,
+    max_wait: Duration,
+    max_queued: usize,
+    max_queued_bytes: u64,
 }
 
 impl Ticket {
@@ -110,7 +80,15 @@ impl Ticket {
             // allocation each.
             None => NO_KEY.with(Arc::clone),
         };
-        Ok(Self { band, key, bytes })
+        let limits = flow_control.band(band);
+        Ok(Self {
+            band,
+            key,
+            bytes,
+            max_wait: limits.max_wait(band),
+            max_queued: limits.max_queued(),
+            max_queued_bytes: limits.max_queued_bytes(),
+        })
     }
 }
 
@@ -184,27 +162,33 @@ pub struct FlowStats {
 
 /// Flow control for one pool.
 pub struct Admission {
-    picker: Arc<picker::Pool>,
-    limits: config::FlowControl,
+    picker: Arc<picker::Picker>,
     queue: Mutex<Queue<Waiter>>,
     /// Waiting requests per band, readable without the lock.
     waiting: [AtomicUsize; 3],
     wake: Notify,
     pick_duration: Histogram,
-    pub stats: FlowStats,
+    stats: FlowStats,
+}
+
+impl crate::telemetry::FlowGauges for Admission {
+    fn queued(&self, band: Priority) -> (usize, u64) {
+        Admission::queued(self, band)
+    }
+    fn dispatched(&self) -> u64 {
+        self.stats.dispatched.load(Ordering::Relaxed)
+    }
+    fn abandoned(&self) -> u64 {
+        self.stats.abandoned.load(Ordering::Relaxed)
+    }
 }
 
 impl Admission {
     /// `pick_duration` times every pick: a request's first, its retries,
     /// and those the dispatcher makes for waiting requests.
-    pub fn new(
-        picker: Arc<picker::Pool>,
-        limits: config::FlowControl,
-        pick_duration: Histogram,
-    ) -> Arc<Self> {
+    pub fn new(picker: Arc<picker::Picker>, pick_duration: Histogram) -> Arc<Self> {
         Arc::new(Self {
             picker,
-            limits,
             pick_duration,
             queue: Mutex::new(Queue::default()),
             waiting: Default::default(),
@@ -265,12 +249,7 @@ impl Admission {
             match self.pick_now(&pick.as_request(), &[]) {
                 Ok(admitted) => return Ok(admitted),
                 Err(PickError::Saturated { retry_after, .. }) => {
-                    if self
-                        .limits
-                        .band(ticket.band)
-                        .max_wait(ticket.band)
-                        .is_zero()
-                    {
+                    if ticket.max_wait.is_zero() {
                         return Err(self.refuse(
                             DropReason::Saturated,
                             ApiError::saturated(pool_name, retry_after),
@@ -296,8 +275,7 @@ impl Admission {
         ticket: &Ticket,
         pick: OwnedPick,
     ) -> Result<Admitted, ApiError> {
-        let limits = self.limits.band(ticket.band);
-        let max_wait = limits.max_wait(ticket.band);
+        let max_wait = ticket.max_wait;
         if max_wait.is_zero() {
             // A band that never waits cannot overtake the line either.
             return Err(self.refuse(
@@ -308,8 +286,8 @@ impl Admission {
         let (tx, rx) = oneshot::channel();
         let id = {
             let mut q = self.queue.lock();
-            if q.len(ticket.band) >= limits.max_queued()
-                || q.bytes(ticket.band) + ticket.bytes > limits.max_queued_bytes()
+            if q.len(ticket.band) >= ticket.max_queued
+                || q.bytes(ticket.band) + ticket.bytes > ticket.max_queued_bytes
             {
                 drop(q);
                 return Err(self.refuse(
@@ -364,7 +342,7 @@ impl Admission {
     }
 
     fn refuse(&self, reason: DropReason, error: ApiError) -> ApiError {
-        error.with_dropped_reason(reason.as_str())
+        error.with_dropped_reason(reason)
     }
 
     fn retry_after_estimate(&self) -> Duration {
@@ -372,7 +350,7 @@ impl Admission {
         let rate = self
             .picker
             .drain_rate()
-            .unwrap_or_else(|| picker::drain::assumed_drain(self.picker.endpoints().len()));
+            .unwrap_or_else(|| picker::retry_after::assumed_drain(self.picker.endpoints().len()));
         picker::estimate_retry_after(waiting as u64, rate)
     }
 

@@ -213,30 +213,22 @@ enum Framing {
 }
 
 fn request_framing(req: &Request) -> Result<Framing, String> {
-    let te = req.values("transfer-encoding");
-    let cl = req.values("content-length");
-    if !te.is_empty() {
-        if !cl.is_empty() {
-            return Err("both Transfer-Encoding and Content-Length".into());
-        }
-        if te.len() != 1 || !te[0].trim().eq_ignore_ascii_case("chunked") {
-            return Err(format!("Transfer-Encoding {te:?}"));
-        }
-        return Ok(Framing::Chunked);
-    }
-    match cl.as_slice() {
-        [] => Ok(Framing::Length(0)),
-        [one] => strict_length(one).map(Framing::Length),
-        many => Err(format!("{} Content-Length fields: {many:?}", many.len())),
-    }
+    declared_framing(req, Framing::Length(0))
 }
 
 fn response_framing(resp: &Response) -> Result<Framing, String> {
     if (100..200).contains(&resp.status) || resp.status == 204 || resp.status == 304 {
         return Ok(Framing::Length(0));
     }
-    let te = resp.values("transfer-encoding");
-    let cl = resp.values("content-length");
+    declared_framing(resp, Framing::UntilClose)
+}
+
+/// The framing a message's fields declare, strictly: exactly one
+/// `chunked`, or one well-formed length, never both; `unframed` when it
+/// declares none.
+fn declared_framing(message: &impl Fields, unframed: Framing) -> Result<Framing, String> {
+    let te = message.values("transfer-encoding");
+    let cl = message.values("content-length");
     if !te.is_empty() {
         if !cl.is_empty() {
             return Err("both Transfer-Encoding and Content-Length".into());
@@ -247,7 +239,7 @@ fn response_framing(resp: &Response) -> Result<Framing, String> {
         return Ok(Framing::Chunked);
     }
     match cl.as_slice() {
-        [] => Ok(Framing::UntilClose),
+        [] => Ok(unframed),
         [one] => strict_length(one).map(Framing::Length),
         many => Err(format!("{} Content-Length fields: {many:?}", many.len())),
     }

@@ -1,18 +1,17 @@
 //! Flow control end to end: a pool driven into saturation through the
 //! metrics its replicas report, and requests of every band against it.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::exposition::scrape;
+use crate::support::{
+    Behaviour, CHAT, FakeReplica, MetricsFault, client, config, idle_vllm_metrics, poll_until,
+    until_debug_pools, vllm_metrics,
+};
 use gateway::Gateway;
 use serde_json::{Value, json};
-use support::exposition::scrape;
-use support::{
-    Behaviour, FakeReplica, MetricsFault, client, config, idle_vllm_metrics, vllm_metrics,
-};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -31,25 +30,11 @@ fn saturable(replica: &FakeReplica, flow: &str) -> config::InferenceGatewayConfi
 
 /// Wait until `/debug/pools` shows `value` in the replica's `field`.
 async fn debug_shows(gw: &Gateway, field: &str, value: Value) {
-    let url = format!("http://{}/debug/pools", gw.admin_addr().unwrap());
-    tokio::time::timeout(DEADLINE, async {
-        loop {
-            let pools: Value = client()
-                .get(&url)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if pools["pools"][0]["endpoints"][0][field] == value {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    let what = format!("/debug/pools showing {field} = {value}");
+    until_debug_pools(gw, DEADLINE, &what, |pools| {
+        pools["pools"][0]["endpoints"][0][field] == value
     })
-    .await
-    .unwrap_or_else(|_| panic!("/debug/pools never showed {field} = {value}"));
+    .await;
 }
 
 async fn saturate(gw: &Gateway, replica: &FakeReplica) {
@@ -73,15 +58,14 @@ fn release_for_one_scrape(replica: &FakeReplica) {
 }
 
 async fn queued(gw: &Gateway, want: [usize; 3]) {
-    let mut seen = None;
-    tokio::time::timeout(DEADLINE, async {
-        while seen != Some(want) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            seen = gw.queued("p");
+    let what = format!("queue lengths {want:?}");
+    poll_until(DEADLINE, &what, move || async move {
+        match gw.queued("p") {
+            Some(seen) if seen == want => Ok(()),
+            seen => Err(format!("{seen:?}")),
         }
     })
-    .await
-    .unwrap_or_else(|_| panic!("queue lengths stayed {seen:?}, expected {want:?}"));
+    .await;
 }
 
 /// Send a chat request in the background with the given flow headers.
@@ -92,7 +76,7 @@ fn send(
     key: Option<&str>,
 ) -> tokio::task::JoinHandle<reqwest::Response> {
     let mut req = client()
-        .post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .post(format!("http://{}{CHAT}", gw.addr()))
         .header("x-request-id", id)
         .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#);
     if let Some(band) = band {
@@ -341,7 +325,7 @@ async fn a_storm_gets_exactly_one_answer_per_request() {
     for i in 0..N {
         let band = ["critical", "standard", "sheddable"][i % 3];
         let req = http
-            .post(format!("http://{}/v1/chat/completions", gw.addr()))
+            .post(format!("http://{}{CHAT}", gw.addr()))
             .header("x-infergate-priority", band)
             .header("x-infergate-fairness-id", format!("tenant-{}", i % 7))
             .body(
@@ -362,7 +346,9 @@ async fn a_storm_gets_exactly_one_answer_per_request() {
         match status {
             200 => assert_eq!(body["object"], "chat.completion"),
             429 | 503 => {
-                let reason = reason.as_deref().expect("refusals say why");
+                let reason = reason
+                    .as_deref()
+                    .unwrap_or_else(|| panic!("refusals say why: {status} {body}"));
                 assert!(
                     ["saturated", "queue-full", "wait-expired", "no-replicas"].contains(&reason),
                     "{reason}"

@@ -1,25 +1,22 @@
 //! The figures of a replica's latest observation that every scored pick
-//! reads, kept in plain atomics beside the observation itself.
+//! reads, kept in a `SeqLock` beside the observation itself.
 //!
 //! Loading an observation through its `ArcSwap` costs two atomic
 //! read-modify-writes (take a debt slot, pay it back); over a thousand
-//! candidates that was half of every pick. A [`GlanceCell`] is written once
-//! per scrape and read with plain loads, as a sequence lock: the writer
-//! makes the generation odd, writes, and makes it even again; a reader that
-//! saw the same even generation before and after its reads has a
-//! consistent copy. A reader that races a write falls back to the
-//! observation.
+//! candidates that was half of every pick. A `SummaryCell` is written once
+//! per scrape and read with plain loads. A reader that races a write falls
+//! back to the observation.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
-use crate::endpoint::Observation;
 use crate::health::{Health, health_of};
+use crate::observation::Observation;
+use crate::seqlock::SeqLock;
 
 /// What the scored pick needs of one observation.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Glance {
+pub struct ObservationSummary {
     /// Changes with every stored observation; 0 before the first.
     pub generation: u64,
     pub waiting: Option<u64>,
@@ -31,11 +28,11 @@ pub struct Glance {
     pub failed: bool,
 }
 
-impl Glance {
+impl ObservationSummary {
     /// Read straight from an observation (the slow path).
-    pub fn of(observation: &Observation) -> Glance {
+    pub fn of(observation: &Observation) -> ObservationSummary {
         let state = observation.state.as_deref();
-        Glance {
+        ObservationSummary {
             generation: 0,
             waiting: state.and_then(|s| s.waiting),
             kv_usage: state.and_then(|s| s.kv_usage),
@@ -50,74 +47,58 @@ impl Glance {
     }
 }
 
-/// Sentinels for `None` in the atomics.
+/// Sentinels for `None` in the words.
 const NO_WAITING: u64 = u64::MAX;
 const NO_INSTANT: u64 = u64::MAX;
 const FAILED: u64 = 1;
 const ADAPTER_BOUND: u64 = 2;
 
+/// Word positions in the lock.
+const WAITING: usize = 0;
+/// `f64` bits; NaN when unknown.
+const KV_USAGE: usize = 1;
+/// Nanoseconds after [`epoch`], biased by `i64::MAX` so earlier instants
+/// fit; `NO_INSTANT` when there has been no good scrape.
+const LAST_GOOD: usize = 2;
+const FLAGS: usize = 3;
+const WORDS: usize = 4;
+
 #[derive(Debug, Default)]
-pub(crate) struct GlanceCell {
-    /// Odd while a write is in progress; 0 until the first write.
-    generation: AtomicU64,
-    waiting: AtomicU64,
-    /// `f64` bits; NaN when unknown.
-    kv_usage: AtomicU64,
-    /// Nanoseconds after [`epoch`], biased by `i64::MAX` so earlier
-    /// instants fit; `NO_INSTANT` when there has been no good scrape.
-    last_good: AtomicU64,
-    flags: AtomicU64,
+pub(crate) struct SummaryCell {
+    lock: SeqLock<WORDS>,
 }
 
-impl GlanceCell {
+impl SummaryCell {
     /// Only one writer at a time (the caller serialises).
     pub(crate) fn write(&self, observation: &Observation) {
-        let glance = Glance::of(observation);
-        let start = self.generation.load(Ordering::Relaxed);
-        self.generation
-            .store(start.wrapping_add(1), Ordering::Relaxed);
-        fence(Ordering::Release);
-        self.waiting
-            .store(glance.waiting.unwrap_or(NO_WAITING), Ordering::Relaxed);
-        self.kv_usage.store(
-            glance.kv_usage.unwrap_or(f64::NAN).to_bits(),
-            Ordering::Relaxed,
-        );
-        self.last_good.store(
-            glance.last_good.map_or(NO_INSTANT, encode),
-            Ordering::Relaxed,
-        );
-        let flags = if glance.failed { FAILED } else { 0 }
-            | if glance.adapter_bound {
+        let summary = ObservationSummary::of(observation);
+        let mut words = [0; WORDS];
+        words[WAITING] = summary.waiting.unwrap_or(NO_WAITING);
+        words[KV_USAGE] = summary.kv_usage.unwrap_or(f64::NAN).to_bits();
+        words[LAST_GOOD] = summary.last_good.map_or(NO_INSTANT, encode);
+        words[FLAGS] = if summary.failed { FAILED } else { 0 }
+            | if summary.adapter_bound {
                 ADAPTER_BOUND
             } else {
                 0
             };
-        self.flags.store(flags, Ordering::Relaxed);
-        self.generation
-            .store(start.wrapping_add(2), Ordering::Release);
+        self.lock.write(words);
     }
 
     /// A consistent copy, or `None` if a write was in progress.
-    pub(crate) fn read(&self) -> Option<Glance> {
-        let before = self.generation.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        if before == 0 {
+    #[inline]
+    pub(crate) fn read(&self) -> Option<ObservationSummary> {
+        let (generation, words) = self.lock.read()?;
+        if generation == 0 {
             // Nothing stored yet: the default observation.
-            return Some(Glance::of(&Observation::default()));
+            return Some(ObservationSummary::of(&Observation::default()));
         }
-        let waiting = self.waiting.load(Ordering::Relaxed);
-        let kv_usage = f64::from_bits(self.kv_usage.load(Ordering::Relaxed));
-        let last_good = self.last_good.load(Ordering::Relaxed);
-        let flags = self.flags.load(Ordering::Relaxed);
-        fence(Ordering::Acquire);
-        if self.generation.load(Ordering::Relaxed) != before {
-            return None;
-        }
-        Some(Glance {
-            generation: before,
+        let waiting = words[WAITING];
+        let kv_usage = f64::from_bits(words[KV_USAGE]);
+        let last_good = words[LAST_GOOD];
+        let flags = words[FLAGS];
+        Some(ObservationSummary {
+            generation,
             waiting: (waiting != NO_WAITING).then_some(waiting),
             kv_usage: (!kv_usage.is_nan()).then_some(kv_usage),
             adapter_bound: flags & ADAPTER_BOUND != 0,
@@ -162,7 +143,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::endpoint::EngineState;
+    use crate::observation::EngineState;
 
     fn observation(waiting: Option<u64>, kv: Option<f64>, at: Option<Instant>) -> Observation {
         Observation {
@@ -178,10 +159,10 @@ mod tests {
     }
 
     #[test]
-    fn a_glance_reads_back_what_the_observation_says() {
-        let cell = GlanceCell::default();
+    fn a_summary_reads_back_what_the_observation_says() {
+        let cell = SummaryCell::default();
         let unwritten = cell.read().unwrap();
-        assert_eq!(unwritten, Glance::of(&Observation::default()));
+        assert_eq!(unwritten, ObservationSummary::of(&Observation::default()));
 
         let now = Instant::now();
         for (waiting, kv, at) in [
@@ -192,32 +173,32 @@ mod tests {
         ] {
             let obs = observation(waiting, kv, at);
             cell.write(&obs);
-            let glance = cell.read().unwrap();
+            let summary = cell.read().unwrap();
             assert_eq!(
-                Glance {
+                ObservationSummary {
                     generation: 0,
-                    ..glance
+                    ..summary
                 },
-                Glance::of(&obs)
+                ObservationSummary::of(&obs)
             );
-            assert!(glance.generation > 0 && glance.generation % 2 == 0);
+            assert!(summary.generation > 0 && summary.generation % 2 == 0);
         }
         let failed = Observation {
             last_error: Some("refused".into()),
             ..observation(Some(1), None, Some(now))
         };
         cell.write(&failed);
-        let glance = cell.read().unwrap();
-        assert!(glance.failed && glance.adapter_bound);
+        let summary = cell.read().unwrap();
+        assert!(summary.failed && summary.adapter_bound);
         assert_eq!(
-            glance.health(now, Duration::from_secs(1)),
+            summary.health(now, Duration::from_secs(1)),
             crate::health(&failed, now, Duration::from_secs(1))
         );
     }
 
     #[test]
     fn every_write_changes_the_generation() {
-        let cell = GlanceCell::default();
+        let cell = SummaryCell::default();
         let obs = observation(Some(1), Some(0.5), Some(Instant::now()));
         cell.write(&obs);
         let first = cell.read().unwrap().generation;

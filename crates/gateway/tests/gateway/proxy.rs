@@ -1,18 +1,16 @@
-//! The gateway end to end: real listeners on 127.0.0.1, fake replicas
-//! whose behaviour each test controls.
-
-mod support;
+//! The gateway as a proxy: routing by model and adapter, streaming,
+//! errors in the OpenAI shape, what happens to upstream connections when a
+//! replica or a client misbehaves, both protocols on both sides, and the
+//! connection limit.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{Behaviour, CHAT, FakeReplica, client, config, emit, plain_pool, raw_replica};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use gateway::Gateway;
 use serde_json::{Value, json};
-use support::{Behaviour, FakeReplica, client, config};
-
-const CHAT: &str = "/v1/chat/completions";
 
 fn pool(
     name: &str,
@@ -45,6 +43,15 @@ async fn chat(gw: &Gateway, model: &str) -> reqwest::Response {
         json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
     )
     .await
+}
+
+/// A streamed chat request sent in the background: its response, once its
+/// head has arrived.
+fn streamed(gw: &Gateway, body: &'static str) -> tokio::task::JoinHandle<reqwest::Response> {
+    let request = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .body(body);
+    tokio::spawn(async move { request.send().await.unwrap() })
 }
 
 async fn error_of(resp: reqwest::Response) -> (u16, Value) {
@@ -233,37 +240,18 @@ async fn streams_events_as_they_come() {
     let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "round-robin")))
         .await
         .unwrap();
-    let request = tokio::spawn({
-        let url = format!("http://{}{CHAT}", gw.addr());
-        async move {
-            client()
-                .post(url)
-                .body(r#"{"model":"m","stream":true,"messages":[]}"#)
-                .send()
-                .await
-                .unwrap()
-        }
-    });
+    let request = streamed(&gw, r#"{"model":"m","stream":true,"messages":[]}"#);
     let events = a.next_stream().await;
-    events
-        .send(Bytes::from_static(b"data: {\"n\":1}\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: {\"n\":1}\n\n").await;
     let resp = request.await.unwrap();
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut body = resp.bytes_stream();
     // The first event arrives while the replica is still generating.
     let first = body.next().await.unwrap().unwrap();
     assert_eq!(first, "data: {\"n\":1}\n\n");
-    events
-        .send(Bytes::from_static(b"data: {\"n\":2}\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: {\"n\":2}\n\n").await;
     assert_eq!(body.next().await.unwrap().unwrap(), "data: {\"n\":2}\n\n");
-    events
-        .send(Bytes::from_static(b"data: [DONE]\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: [DONE]\n\n").await;
     drop(events);
     assert_eq!(body.next().await.unwrap().unwrap(), "data: [DONE]\n\n");
     assert!(body.next().await.is_none());
@@ -275,24 +263,13 @@ async fn client_disconnect_aborts_the_upstream_stream() {
     let gw = Gateway::start(&config("", &pool("p", "m", "", &[&a], "least-request")))
         .await
         .unwrap();
-    let url = format!("http://{}{CHAT}", gw.addr());
-    let request = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .body(r#"{"model":"m","stream":true}"#)
-            .send()
-            .await
-            .unwrap();
-        let mut body = resp.bytes_stream();
-        body.next().await.unwrap().unwrap();
-        // The client goes away after the first event.
-    });
+    let request = streamed(&gw, r#"{"model":"m","stream":true}"#);
     let events = a.next_stream().await;
-    events
-        .send(Bytes::from_static(b"data: 1\n\n"))
-        .await
-        .unwrap();
-    request.await.unwrap();
+    emit(&events, "data: 1\n\n").await;
+    let mut body = request.await.unwrap().bytes_stream();
+    body.next().await.unwrap().unwrap();
+    // The client goes away after the first event.
+    drop(body);
     // The replica sees its response body dropped: the gateway closed the
     // upstream connection. Keep sending so the gateway notices the client.
     let aborted = async {
@@ -418,10 +395,7 @@ async fn graceful_shutdown_lets_a_stream_finish() {
         resp.bytes().await.unwrap()
     });
     let events = a.next_stream().await;
-    events
-        .send(Bytes::from_static(b"data: 1\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: 1\n\n").await;
     let shutdown = tokio::spawn(gw.shutdown());
     // New connections are refused once the listener is closed.
     let refused = async {
@@ -435,10 +409,7 @@ async fn graceful_shutdown_lets_a_stream_finish() {
     tokio::time::timeout(Duration::from_secs(10), refused)
         .await
         .unwrap();
-    events
-        .send(Bytes::from_static(b"data: 2\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: 2\n\n").await;
     drop(events);
     assert_eq!(request.await.unwrap(), "data: 1\n\ndata: 2\n\n");
     assert!(shutdown.await.unwrap(), "drain did not complete");
@@ -531,10 +502,7 @@ async fn a_stream_to_an_http_1_0_client_ends_with_the_connection() {
     conn.write_all(req.as_bytes()).await.unwrap();
     let events = a.next_stream().await;
     for event in ["data: 1\n\n", "data: [DONE]\n\n"] {
-        events
-            .send(Bytes::from_static(event.as_bytes()))
-            .await
-            .unwrap();
+        emit(&events, event).await;
     }
     drop(events);
     let mut answer = String::new();
@@ -574,20 +542,9 @@ async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
         &pool("p", "m", "", &[&a], "round-robin"),
     );
     let gw = Gateway::start(&cfg).await.unwrap();
-    let url = format!("http://{}{CHAT}", gw.addr());
-    let request = tokio::spawn(async move {
-        client()
-            .post(url)
-            .body(r#"{"model":"m","stream":true}"#)
-            .send()
-            .await
-            .unwrap()
-    });
+    let request = streamed(&gw, r#"{"model":"m","stream":true}"#);
     let events = a.next_stream().await;
-    events
-        .send(Bytes::from_static(b"data: 1\n\n"))
-        .await
-        .unwrap();
+    emit(&events, "data: 1\n\n").await;
     let mut body = request.await.unwrap().bytes_stream();
     assert_eq!(body.next().await.unwrap().unwrap(), "data: 1\n\n");
     // The replica keeps the stream open but sends nothing more: the client
@@ -618,66 +575,62 @@ async fn a_stream_that_goes_quiet_is_cut_after_the_idle_timeout() {
 async fn counting_replica(close_idle: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let accepted = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let counter = Arc::clone(&counter);
-            tokio::spawn(async move {
-                let mut counted = false;
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    // One request: its head, then content-length bytes.
-                    let (head_end, length) = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
-                            let length: usize = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .map_or(0, |v| v.trim().parse().unwrap());
-                            break (i + 4, length);
-                        }
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    while buf.len() < head_end + length {
-                        match stream.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
+    let addr = raw_replica(move |mut stream| {
+        let counter = Arc::clone(&counter);
+        async move {
+            let mut counted = false;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            loop {
+                // One request: its head, then content-length bytes.
+                let (head_end, length) = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..i]).to_ascii_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        break (i + 4, length);
                     }
-                    if !counted && buf.starts_with(b"POST /v1/") {
-                        counted = true;
-                        counter.fetch_add(1, Ordering::SeqCst);
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }
-                    buf.drain(..head_end + length);
-                    let body = r#"{"object":"chat.completion"}"#;
-                    let answer = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if stream.write_all(answer.as_bytes()).await.is_err() || close_idle {
-                        return;
+                };
+                while buf.len() < head_end + length {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
                     }
                 }
-            });
+                if !counted && buf.starts_with(b"POST /v1/") {
+                    counted = true;
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+                buf.drain(..head_end + length);
+                let body = r#"{"object":"chat.completion"}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                if stream.write_all(answer.as_bytes()).await.is_err() || close_idle {
+                    return;
+                }
+            }
         }
-    });
+    })
+    .await;
     (addr, accepted)
 }
 
 #[tokio::test]
 async fn upstream_connections_are_kept_alive_and_reused() {
     let (addr, accepted) = counting_replica(false).await;
-    let pools = format!(
-        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], scheduling: {{policy: round-robin}}}}\n"
-    );
-    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    let gw = Gateway::start(&config("", &plain_pool(&[&addr], "")))
+        .await
+        .unwrap();
     // One client connection, so one worker serves every request.
     let c = client();
     for _ in 0..20 {
@@ -700,9 +653,7 @@ async fn a_replica_closing_idle_connections_costs_no_failed_requests() {
     // No retries on other replicas: a stale connection would be a 502.
     // Here the worker mostly notices the close before the next request;
     // the close crossing a request on the wire is a unit test of the pool.
-    let pools = format!(
-        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], retry: {{maxRetries: 0}}, scheduling: {{policy: round-robin}}}}\n"
-    );
+    let pools = plain_pool(&[&addr], ", retry: {maxRetries: 0}");
     let gw = Gateway::start(&config("", &pools)).await.unwrap();
     for _ in 0..20 {
         let resp = chat(&gw, "m").await;
@@ -716,19 +667,13 @@ async fn a_replica_closing_idle_connections_costs_no_failed_requests() {
 /// HTTP, then closes.
 async fn garbage_replica() -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                if stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
-                    let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n").await;
-                }
-            });
+    raw_replica(|mut stream| async move {
+        let mut buf = [0u8; 4096];
+        if stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
+            let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n").await;
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test]
@@ -768,33 +713,29 @@ async fn a_client_leaving_before_the_answer_closes_the_upstream_connection() {
     use tokio::io::AsyncReadExt;
     // A replica that takes the request, never answers, and reports when
     // the gateway closes the connection (what stops a real one generating).
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let (got_request, request_arrived) = tokio::sync::oneshot::channel();
     let (closed_tx, closed) = tokio::sync::oneshot::channel();
     let signals = Arc::new(parking_lot::Mutex::new(Some((got_request, closed_tx))));
-    tokio::spawn(async move {
-        // Other connections (the gateway probing the replica) come and go.
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let signals = Arc::clone(&signals);
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                if !stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
-                    return;
-                }
-                let Some((got_request, closed_tx)) = signals.lock().take() else {
-                    return;
-                };
-                got_request.send(()).unwrap();
-                while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-                let _ = closed_tx.send(());
-            });
+    // Other connections (the gateway probing the replica) come and go.
+    let addr = raw_replica(move |mut stream| {
+        let signals = Arc::clone(&signals);
+        async move {
+            let mut buf = [0u8; 4096];
+            if !stream.read(&mut buf).await.is_ok_and(|n| n > 0) {
+                return;
+            }
+            let Some((got_request, closed_tx)) = signals.lock().take() else {
+                return;
+            };
+            got_request.send(()).unwrap();
+            while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            let _ = closed_tx.send(());
         }
-    });
-    let pools = format!(
-        "    - {{name: p, engine: none, models: [m], endpoints: [\"{addr}\"], scheduling: {{policy: round-robin}}}}\n"
-    );
-    let gw = Gateway::start(&config("", &pools)).await.unwrap();
+    })
+    .await;
+    let gw = Gateway::start(&config("", &plain_pool(&[&addr], "")))
+        .await
+        .unwrap();
     let url = format!("http://{}{CHAT}", gw.addr());
     let client_request = tokio::spawn(async move {
         let _ = client().post(url).body(r#"{"model":"m"}"#).send().await;
@@ -825,45 +766,34 @@ async fn replica_with_headers() -> String {
         X-Request-Id: theirs\r\n\
         Date: Tue, 01 Jan 2030 00:00:00 GMT\r\n\
         Content-Length: 2\r\n\r\n{}";
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut stream = BufReader::new(stream);
-                loop {
-                    let mut length = 0;
-                    loop {
-                        let mut line = String::new();
-                        if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                            length = v.trim().parse().unwrap();
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                    }
-                    let mut body = vec![0; length];
-                    stream.read_exact(&mut body).await.unwrap();
-                    stream.get_mut().write_all(ANSWER).await.unwrap();
+    raw_replica(|stream| async move {
+        let mut stream = BufReader::new(stream);
+        loop {
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                    return;
                 }
-            });
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            let mut body = vec![0; length];
+            stream.read_exact(&mut body).await.unwrap();
+            stream.get_mut().write_all(ANSWER).await.unwrap();
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_replicas_end_to_end_headers_reach_the_client_over_either_protocol() {
     let replica = replica_with_headers().await;
-    let cfg = config(
-        "",
-        &format!(
-            "    - {{name: p, engine: none, models: [m], endpoints: [\"{replica}\"], scheduling: {{policy: round-robin}}}}\n"
-        ),
-    );
+    let cfg = config("", &plain_pool(&[&replica], ""));
     let gw = Gateway::start(&cfg).await.unwrap();
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
@@ -911,10 +841,10 @@ async fn a_replicas_end_to_end_headers_reach_the_client_over_either_protocol() {
 
 #[tokio::test]
 async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
-    use support::{HEALTHZ, healthz_answered};
+    use crate::support::{HEALTHZ, healthz_answered, logs::Logs};
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
-    let (logs, _guard) = support::logs::Logs::capture();
+    let (logs, _guard) = Logs::capture();
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let cfg = config(
         "  limits: {maxConnections: 1}\n",
@@ -942,4 +872,42 @@ async fn at_the_connection_limit_new_connections_wait_for_a_free_slot() {
     // Said once, when the limit was reached, not per connection after.
     let warnings = logs.text().matches("connection limit reached").count();
     assert_eq!(warnings, 1, "{}", logs.text());
+}
+
+#[tokio::test]
+async fn a_replica_error_in_another_shape_reaches_the_client_in_the_openai_shape() {
+    let detail = FakeReplica::start(
+        "a",
+        Behaviour::Reply(
+            http::StatusCode::NOT_FOUND,
+            r#"{"detail":"Not Found"}"#.into(),
+        ),
+    )
+    .await;
+    let shaped = FakeReplica::start(
+        "b",
+        Behaviour::Reply(
+            http::StatusCode::BAD_REQUEST,
+            r#"{"error":{"message":"max_tokens is too large","type":"invalid_request_error","param":"max_tokens","code":null}}"#.into(),
+        ),
+    )
+    .await;
+    let gw = Gateway::start(&config(
+        "",
+        &(pool("a", "m-a", "", &[&detail], "round-robin")
+            + &pool("b", "m-b", "", &[&shaped], "round-robin")),
+    ))
+    .await
+    .unwrap();
+    // Wrapped: the replica's status and message, in the shape SDKs read.
+    let (status, body) = error_of(chat(&gw, "m-a").await).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["message"], "Not Found");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    // Already OpenAI-shaped: passed on byte for byte.
+    let resp = chat(&gw, "m-b").await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "max_tokens");
+    assert_eq!(body["error"]["message"], "max_tokens is too large");
 }

@@ -1,12 +1,52 @@
-//! The waiting room of one pool: strict priority between bands, round-robin
-//! between fairness keys within a band, first come first served within a
-//! key. A plain data structure; the dispatcher and the waiting requests
-//! take turns under one lock.
+//! Flow control's waiting room: the priority bands and the queue of one
+//! pool when every replica is saturated. Strict priority between bands,
+//! round-robin between fairness keys within a band, first come first
+//! served within a key.
+//!
+//! A plain data structure, like the rest of the crate: the gateway's
+//! dispatcher and waiting requests take turns on it under one lock, and the
+//! virtual-time benchmark drives the same queue from its event loop, so the
+//! two order waiting requests alike.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use config::Priority;
+use serde::{Deserialize, Serialize};
+
+/// A request's priority band under saturation. The serde names are the
+/// config names ([`Priority::as_str`]).
+#[derive(
+    Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Waits longest, is dispatched first, never dropped for lower bands.
+    Critical,
+    #[default]
+    Standard,
+    /// Refused at once when its pool is saturated.
+    Sheddable,
+}
+
+impl Priority {
+    /// Every band, most urgent first: the order the queue serves them.
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Standard => "standard",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+
+    /// A band by name: any case, surrounding blanks ignored.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str().eq_ignore_ascii_case(s.trim()))
+    }
+}
 
 /// One waiting request, as the queue sees it.
 #[derive(Debug)]
@@ -38,6 +78,7 @@ impl<T> Default for Band<T> {
     }
 }
 
+/// The waiting requests of one pool, by band and fairness key.
 #[derive(Debug)]
 pub struct Queue<T> {
     bands: [Band<T>; 3],
@@ -60,6 +101,11 @@ impl<T> Queue<T> {
 
     pub fn bytes(&self, band: Priority) -> u64 {
         self.bands[band as usize].bytes
+    }
+
+    /// Whether no entry waits in any band.
+    pub fn is_empty(&self) -> bool {
+        self.bands.iter().all(|b| b.len == 0)
     }
 
     /// Add an entry; returns its id.
@@ -189,5 +235,25 @@ mod tests {
         q.remove(Priority::Standard, &key("a"), a);
         q.push(Priority::Standard, key("a"), 1, "a2");
         assert_eq!(drain(&mut q), ["b1", "a2"]);
+    }
+
+    #[test]
+    fn empty_until_pushed_and_again_once_drained() {
+        let mut q = Queue::default();
+        assert!(q.is_empty());
+        q.push(Priority::Sheddable, key("a"), 1, "a");
+        assert!(!q.is_empty());
+        drain(&mut q);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn priority_names() {
+        for p in Priority::ALL {
+            assert_eq!(Priority::parse(p.as_str()), Some(p));
+        }
+        assert_eq!(Priority::parse(" Critical "), Some(Priority::Critical));
+        assert_eq!(Priority::parse("urgent"), None);
+        assert_eq!(Priority::default(), Priority::Standard);
     }
 }

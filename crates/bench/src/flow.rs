@@ -1,0 +1,36 @@
+//! The gateway's admission queue as a run sets it up: on or off, and the
+//! bounds virtual mode keeps. A leaf: the policies, the virtual fleet and
+//! the statistics all name these, and none of them names the others for it.
+
+use serde::Serialize;
+
+/// The gateway's admission queue during a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowMode {
+    /// The gateway's defaults: a saturated pool holds requests for up to
+    /// their band's `maxWait`.
+    #[default]
+    On,
+    /// Every band `maxWait: 0s`: refused at once while the pool is
+    /// saturated, as a gateway without a queue does.
+    Off,
+}
+
+impl FlowMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowMode::On => "on",
+            FlowMode::Off => "off",
+        }
+    }
+}
+
+/// The admission queue's bounds for the requests' band, in simulated
+/// seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlowLimits {
+    pub max_wait: f64,
+    pub max_queued: usize,
+    pub max_queued_bytes: u64,
+}

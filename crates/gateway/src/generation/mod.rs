@@ -1,0 +1,126 @@
+//! One generation of the configuration, as the request path sees it:
+//! routes, pools, limits and objectives, built whole and swapped whole.
+//! A request loads the current generation once and keeps it until its
+//! response ends, so it never sees half of one config and half of the
+//! next. A pool's runtime (its replicas' load, connections, prefix index,
+//! scrapers) is not part of a generation: it carries over by the pool's
+//! name, and every source of change — the file at start, a reload, later
+//! discovery — goes through the same [`Runtimes::build`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::edge::ForwardedPaths;
+use crate::pool::{Pool, Runtime};
+use crate::routes::ModelTable;
+use crate::telemetry::Metrics;
+use crate::upstream::TrustedProxies;
+
+pub struct Generation {
+    pub routes: ModelTable,
+    /// In config order.
+    pub pools: Vec<Arc<Pool>>,
+    pub limits: config::Limits,
+    pub timeouts: config::Timeouts,
+    pub debug: config::Debug,
+    pub objectives: BTreeMap<String, config::Priority>,
+    pub flow_control: config::FlowControl,
+    /// The paths forwarded to replicas.
+    pub forwarded_paths: ForwardedPaths,
+    pub trusted_proxies: TrustedProxies,
+    client_sampling: config::ClientSampling,
+    /// The trace sample ratio when traces are exported, else every trace.
+    sample_ratio: f64,
+}
+
+impl Generation {
+    /// How the trace of a request from `peer` is sampled: `None` lets the
+    /// caller's `traceparent` decide, else this ratio does.
+    pub fn trace_sampling(&self, peer: std::net::IpAddr) -> Option<f64> {
+        let caller_decides = match self.client_sampling {
+            config::ClientSampling::Always => true,
+            config::ClientSampling::TrustedProxies => self.trusted_proxies.trusts(peer),
+            config::ClientSampling::Never => false,
+        };
+        (!caller_decides).then_some(self.sample_ratio)
+    }
+
+    /// Ready when some pool has a replica that can be picked.
+    pub fn is_ready(&self) -> bool {
+        let now = std::time::Instant::now();
+        self.pools.iter().any(|p| p.runtime().is_ready(now))
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.pools.iter().find(|p| &**p.name() == name)
+    }
+}
+
+/// Every pool's runtime by name: what one generation hands the next.
+pub struct Runtimes {
+    by_name: HashMap<String, Arc<Runtime>>,
+    /// Worker threads, each with its own connections per pool.
+    workers: usize,
+}
+
+impl Runtimes {
+    pub fn new(workers: usize) -> Self {
+        Self {
+            by_name: HashMap::new(),
+            workers,
+        }
+    }
+
+    /// Build the generation `spec` describes, reusing the runtime of every
+    /// pool that stays and reconciling its replicas; runtimes of pools that
+    /// left are released once the requests of older generations end. The
+    /// config must be validated, with simulated pools started (their
+    /// replicas in `endpoints`). Needs a Tokio runtime.
+    pub fn build(&mut self, spec: &config::Spec, metrics: &Metrics) -> anyhow::Result<Generation> {
+        for p in &spec.pools {
+            if p.simulated.is_some() && p.endpoints.is_empty() {
+                anyhow::bail!(
+                    "pool {:?} is simulated: start its replicas and list them in `endpoints` first \
+                     (`infergate serve` does)",
+                    p.name
+                );
+            }
+        }
+        let connect_timeout = spec.timeouts.connect();
+        let mut by_name = HashMap::with_capacity(spec.pools.len());
+        let mut pools = Vec::with_capacity(spec.pools.len());
+        for p in &spec.pools {
+            let runtime = match self.by_name.remove(&p.name) {
+                Some(r) if r.fits(p) => r,
+                _ => Runtime::new(p, connect_timeout, metrics, self.workers),
+            };
+            runtime.configure(p, &p.endpoints, metrics, connect_timeout);
+            let pool_metrics =
+                metrics.pool(p, runtime.picker(), Arc::clone(runtime.admission()) as _);
+            by_name.insert(p.name.clone(), Arc::clone(&runtime));
+            pools.push(Arc::new(Pool::new(runtime, pool_metrics, p)));
+        }
+        metrics.retain_pools(|name| by_name.contains_key(name));
+        self.by_name = by_name;
+        Ok(Generation {
+            routes: ModelTable::new(&spec.pools, &pools),
+            pools,
+            limits: spec.limits.clone(),
+            timeouts: spec.timeouts.clone(),
+            debug: spec.debug.clone(),
+            objectives: spec.objectives.clone(),
+            flow_control: spec.flow_control.clone(),
+            forwarded_paths: ForwardedPaths::new(&spec.forwarding.extra_paths),
+            trusted_proxies: TrustedProxies::new(spec.forwarding.trusted_proxies()),
+            client_sampling: spec.forwarding.client_sampling,
+            sample_ratio: spec
+                .telemetry
+                .otlp
+                .as_ref()
+                .map_or(1.0, |o| o.sample_ratio()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,54 @@
+//! The one place where the gateway's own answers are rendered: errors in
+//! the OpenAI shape, and plain text and JSON bodies.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::body::{ResponseBody, full};
+use crate::error::ApiError;
+
+impl ApiError {
+    pub fn into_response(self) -> Response<ResponseBody> {
+        let mut response = Response::new(full(Bytes::from(self.body_json().to_string())));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(reason) = self.dropped_reason {
+            headers.insert(
+                "x-infergate-dropped-reason",
+                HeaderValue::from_static(reason.as_str()),
+            );
+        }
+        if let Some(after) = self.retry_after {
+            // Retry-After has whole seconds; round up so a client never
+            // comes back too early. retry-after-ms carries the precise value.
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+            headers.insert(
+                "retry-after-ms",
+                HeaderValue::from(after.as_millis().max(1) as u64),
+            );
+        }
+        response
+    }
+}
+
+pub fn text(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
+    let mut r = Response::new(full(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    r
+}
+
+pub fn json(bytes: Bytes) -> Response<ResponseBody> {
+    let mut r = Response::new(full(bytes));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}

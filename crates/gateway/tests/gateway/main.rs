@@ -1,0 +1,26 @@
+//! The gateway end to end, in one test binary: real listeners on
+//! 127.0.0.1, the gateway started in-process in front of fake replicas
+//! whose behaviour each test controls.
+//!
+//! - [`proxy`]: routing, streaming, errors, upstream connections, the
+//!   connection limit;
+//! - [`picking`]: metric-aware picking, where requests actually went;
+//! - [`flow`]: flow control, a pool driven into saturation;
+//! - [`observability`]: exact metrics, the access log, `/debug/pools`,
+//!   trace context, the dashboard;
+//! - [`attack`]: raw bytes against the gateway, checked on both sides;
+//! - [`reload`]: a new config applied while requests run.
+//!
+//! [`support`] (`tests/support/`, which other test binaries here use too)
+//! holds what they share: fake replicas, configs, clients, and the bounded
+//! waits. Tests that change the whole process (its limit on open file
+//! descriptors) are in a binary of their own, `descriptors.rs`.
+
+mod attack;
+mod flow;
+mod observability;
+mod picking;
+mod proxy;
+mod reload;
+#[path = "../support/mod.rs"]
+mod support;

@@ -1,0 +1,108 @@
+//! What the process does on signals: SIGINT and SIGTERM stop it (a second
+//! one during the drain stops it at once), SIGHUP reloads the config file.
+
+use std::path::Path;
+
+use crate::simulated::Fleets;
+
+pub enum Signal {
+    Stop,
+    Reload,
+}
+
+/// The process's signal handlers, installed once at start so that a
+/// SIGHUP never falls through to its default action (exit).
+pub struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub fn install() -> anyhow::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                term: signal(SignalKind::terminate())?,
+                hup: signal(SignalKind::hangup())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Self {})
+    }
+
+    pub async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => Signal::Stop,
+            _ = self.term.recv() => Signal::Stop,
+            _ = self.hup.recv() => Signal::Reload,
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Signal::Stop
+        }
+    }
+
+    /// The next stop signal; reload requests are ignored (the gateway is
+    /// draining).
+    pub async fn next_stop(&mut self) {
+        while let Signal::Reload = self.next().await {
+            tracing::info!("SIGHUP ignored: the gateway is shutting down");
+        }
+    }
+}
+
+/// How the command line changes the config file's listeners; applied to
+/// every load so that a reload sees the same addresses.
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub admin_listen: Option<String>,
+}
+
+impl Overrides {
+    pub fn apply(&self, config: &mut config::InferenceGatewayConfig) {
+        if let Some(address) = &self.listen {
+            config.spec.listeners[0].address = address.clone();
+        }
+        if let Some(address) = &self.admin_listen {
+            config.spec.admin = Some(config::Admin {
+                address: address.clone(),
+            });
+        }
+    }
+}
+
+/// Read the config file again and put it in force. A file that does not
+/// load, validate or apply is logged and changes nothing.
+pub async fn reload(
+    gateway: &gateway::Gateway,
+    path: Option<&Path>,
+    overrides: &Overrides,
+    fleets: &mut Fleets,
+) {
+    let Some(path) = path else {
+        tracing::info!("SIGHUP: the demo has no config file to reload");
+        return;
+    };
+    let loaded = async {
+        let mut config = config::load_file_with(path, crate::simulated::problems)?;
+        overrides.apply(&mut config);
+        let mut config = config::validated(config)?;
+        let prepared = fleets.prepare(&mut config).await?;
+        gateway.apply(&config)?;
+        fleets.commit(prepared);
+        anyhow::Ok(())
+    };
+    match loaded.await {
+        Ok(()) => tracing::info!(path = %path.display(), "config reloaded"),
+        Err(e) => tracing::error!(
+            path = %path.display(),
+            error = %format!("{e:#}"),
+            "reload refused; the running config stays in force"
+        ),
+    }
+}

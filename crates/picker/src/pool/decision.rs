@@ -1,0 +1,104 @@
+//! What a pick takes and gives back: the request's side of it
+//! ([`PickRequest`]), the chosen replica ([`Decision`]) and why there is
+//! none ([`PickError`]). A leaf: the pool and its policies build these,
+//! and nothing here reaches back into them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::endpoint::{Endpoint, LoadGuard};
+use crate::explain::{CandidateScore, ScoresHeader, TopScores};
+use crate::policy::Policy;
+
+/// What the picker needs to know about a request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PickRequest<'a> {
+    /// LoRA adapter the request asks for, if any.
+    pub adapter: Option<&'a str>,
+    /// The prompt's chained block hashes
+    /// ([`Picker::hash_prompt`](crate::Picker::hash_prompt)).
+    pub prefix_hashes: &'a [u64],
+    /// Estimated tokens of the request; [`Decision::acquire`] counts them
+    /// as in flight on the chosen replica.
+    pub estimated_tokens: u64,
+    /// Fill [`Decision::scores`] with every candidate's scores.
+    pub explain: bool,
+}
+
+/// The chosen replica, and why.
+#[derive(Debug, Clone)]
+pub struct Decision {
+    pub endpoint: Arc<Endpoint>,
+    /// The policy that chose it.
+    pub policy: Policy,
+    /// True when no replica had fresh, healthy metrics and the scored
+    /// policy fell back to least-request.
+    pub fallback: bool,
+    /// Winner's and runner-up's totals ([`Policy::Scored`] only).
+    pub top: Option<TopScores>,
+    /// Every scored candidate, best first; only when
+    /// [`PickRequest::explain`] was set.
+    pub scores: Vec<CandidateScore>,
+    /// From the request, for [`Decision::acquire`].
+    pub estimated_tokens: u64,
+}
+
+impl Decision {
+    /// The chosen replica's endpoint index (for retries' `exclude` and for
+    /// [`Picker::record`](crate::Picker::record)).
+    pub fn index(&self) -> usize {
+        self.endpoint.index
+    }
+
+    /// Count this request against the chosen replica until the guard drops.
+    pub fn acquire(&self) -> LoadGuard {
+        self.endpoint.acquire(self.estimated_tokens)
+    }
+
+    /// The `x-infergate-scores` header value, best `limit` candidates.
+    pub fn scores_header(&self, limit: usize) -> ScoresHeader<'_> {
+        ScoresHeader {
+            scores: &self.scores,
+            limit,
+        }
+    }
+}
+
+/// Why no replica was picked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PickError {
+    /// Every replica is unreachable or was already tried (503).
+    NoReplicas,
+    /// Replicas are reachable but none has fresh, healthy metrics, and the
+    /// fallback is [`crate::Fallback::Refuse`] (503).
+    NoHealthyReplicas { reachable: usize },
+    /// Every healthy replica is saturated (429 with `Retry-After`).
+    Saturated {
+        retry_after: Duration,
+        /// Requests waiting across the saturated replicas.
+        waiting: u64,
+    },
+}
+
+impl fmt::Display for PickError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PickError::NoReplicas => f.write_str("no reachable replica"),
+            PickError::NoHealthyReplicas { reachable } => write!(
+                f,
+                "none of {reachable} reachable replicas has fresh, healthy metrics"
+            ),
+            PickError::Saturated {
+                retry_after,
+                waiting,
+            } => write!(
+                f,
+                "every replica is saturated ({waiting} requests waiting); retry after {} s",
+                retry_after.as_secs()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PickError {}

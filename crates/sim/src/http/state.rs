@@ -1,0 +1,97 @@
+//! What the handlers of one replica share: its state and the stop signal.
+//! Kept out of the router so the handlers can use it without using the
+//! router that calls them.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::body::ApiError;
+use crate::faults::FaultState;
+use crate::metrics::Exporter;
+use crate::replica::EngineClient;
+
+/// How a replica is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum StopMode {
+    Running,
+    /// Stop accepting, let in-flight requests finish (bounded), then close.
+    Graceful,
+    /// Stop listening and drop every connection at once.
+    Crash,
+}
+
+/// Shared by the replica's handle, its admin API and its server loop.
+#[derive(Debug)]
+pub(crate) struct StopSignal(watch::Sender<StopMode>);
+
+impl StopSignal {
+    pub(crate) fn new() -> Self {
+        Self(watch::Sender::new(StopMode::Running))
+    }
+
+    /// Escalates only: a crash overrides a graceful stop, never the reverse.
+    pub(crate) fn request(&self, mode: StopMode) {
+        self.0.send_if_modified(|current| {
+            let escalate = mode > *current;
+            if escalate {
+                *current = mode;
+            }
+            escalate
+        });
+    }
+
+    pub(super) fn subscribe(&self) -> watch::Receiver<StopMode> {
+        self.0.subscribe()
+    }
+}
+
+/// A LoRA adapter the server lists and accepts as `model`.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadedAdapter {
+    pub name: String,
+    pub path: String,
+}
+
+/// Everything the handlers of one replica share.
+pub(crate) struct AppState {
+    /// The name clients use for the base model.
+    pub served_model: String,
+    /// `root` of the base model card (the model path, i.e. the HF id).
+    pub model_root: String,
+    pub max_model_len: u32,
+    /// Whether adapters can be loaded (`max_loras > 0`).
+    pub lora_enabled: bool,
+    /// Seeds answer lengths and words.
+    pub seed: u64,
+    pub engine: EngineClient,
+    pub adapters: Mutex<Vec<LoadedAdapter>>,
+    pub faults: FaultState,
+    pub exporter: Mutex<Exporter>,
+    /// The last `/metrics` text served, for the `frozen` fault.
+    pub last_metrics: Mutex<Option<Bytes>>,
+    pub stop: Arc<StopSignal>,
+}
+
+impl AppState {
+    /// Maps a request's `model` to the name to answer with and the adapter
+    /// to run (vLLM: base model if absent, 404 if unknown).
+    pub(crate) fn resolve_model(
+        &self,
+        requested: Option<&str>,
+    ) -> Result<(String, Option<String>), ApiError> {
+        match requested {
+            None => Ok((self.served_model.clone(), None)),
+            Some(name) if name == self.served_model => Ok((self.served_model.clone(), None)),
+            Some(name) if self.adapters.lock().iter().any(|a| a.name == name) => {
+                Ok((name.to_owned(), Some(name.to_owned())))
+            }
+            Some(name) => Err(
+                ApiError::not_found(format!("The model `{name}` does not exist."))
+                    .with_param("model"),
+            ),
+        }
+    }
+}
