@@ -544,6 +544,14 @@ async fn responses_answer_like_chat_completions() {
         .await;
     assert_eq!(chained.status, StatusCode::BAD_REQUEST);
     assert_eq!(chained.json()["error"]["param"], "previous_response_id");
+    let zero = http
+        .post_json(
+            "/v1/responses",
+            &json!({"input": "x", "max_output_tokens": 0}),
+        )
+        .await;
+    assert_eq!(zero.status, StatusCode::BAD_REQUEST);
+    assert_eq!(zero.json()["error"]["param"], "max_output_tokens");
     assert_eq!(
         http.post("/v1/responses", "{}").await.status,
         StatusCode::BAD_REQUEST

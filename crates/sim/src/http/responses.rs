@@ -127,6 +127,12 @@ async fn respond(state: Arc<AppState>, body: Incoming) -> Result<Response<Respon
         )
         .with_param("previous_response_id"));
     }
+    if let Some(n) = request.max_output_tokens.filter(|n| *n < 1) {
+        return Err(ApiError::bad_request(format!(
+            "max_output_tokens must be at least 1, got {n}."
+        ))
+        .with_param("max_output_tokens"));
+    }
     let prompt = Prompt {
         tokens: request.prompt_tokens(),
         max_tokens: request.max_output_tokens,
