@@ -65,5 +65,23 @@ pub const OTLP_SAMPLE_RATIO: f64 = 1.0;
 /// spans in memory for long.
 pub const OTLP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `auth.jwt.leeway`: clock skew allowed on `exp` and `nbf`.
+pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
+/// `auth.jwt.issuers[].refreshInterval`.
+pub const JWKS_REFRESH_INTERVAL: Duration = Duration::from_secs(5 * 60);
+/// `auth.jwt.issuers[].tenantClaim`.
+pub const JWT_TENANT_CLAIM: &str = "sub";
+/// `tenants[].maxPriority`: a tenant's requests may not claim `critical`
+/// unless the operator says so.
+pub const TENANT_MAX_PRIORITY: picker::flow::Priority = picker::flow::Priority::Standard;
+/// `rateLimits.defaultMaxTokens`: completion tokens reserved for a request
+/// that names no `max_tokens`, settled to what it used when it ends.
+pub const DEFAULT_MAX_TOKENS: u64 = 1024;
+/// `rateLimits.redis.timeout`: a Redis on the same network answers in well
+/// under a millisecond; a few milliseconds is a backend in trouble.
+pub const REDIS_TIMEOUT: Duration = Duration::from_millis(5);
+/// `rateLimits.redis.keyPrefix`.
+pub const REDIS_KEY_PREFIX: &str = "infergate:";
+
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";

@@ -11,8 +11,10 @@ mod load;
 mod problem;
 mod read;
 pub mod schema;
+mod security;
 mod validate;
 
 pub use load::{from_yaml, from_yaml_with, load_file, load_file_with, validated};
 pub use problem::{ConfigError, Problem, Unreadable};
 pub use schema::*;
+pub use security::*;

@@ -16,6 +16,7 @@ pub use picker::{Fallback, Policy};
 use signals::Dialect;
 
 use crate::defaults;
+use crate::security::{Auth, ListenerTls, RateLimits, Tenant, UpstreamTls};
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -99,7 +100,30 @@ pub struct Spec {
     pub telemetry: Telemetry,
     #[serde(default)]
     pub forwarding: Forwarding,
+    /// What `/readyz` answers 200 for.
+    #[serde(default)]
+    pub ready_when: ReadyWhen,
+    /// How callers authenticate; see docs/security.md.
+    #[serde(default)]
+    pub auth: Option<Auth>,
+    #[serde(default)]
+    pub tenants: Vec<Tenant>,
+    #[serde(default)]
+    pub rate_limits: RateLimits,
     pub pools: Vec<Pool>,
+}
+
+/// When the gateway calls itself ready (`/readyz`, a Kubernetes readiness
+/// probe): a pool is ready when a request to it could be sent now.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum ReadyWhen {
+    /// Some pool is ready: the gateway can serve some models.
+    #[default]
+    AnyPool,
+    /// Every pool is ready: one model without replicas takes the gateway
+    /// out of its Service.
+    AllPools,
 }
 
 /// Queueing in the gateway when a pool is saturated.
@@ -162,12 +186,17 @@ pub struct Listener {
     pub name: String,
     /// `host:port`; port 0 asks the OS for a free port.
     pub address: String,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) instead of plain HTTP.
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Admin {
     pub address: String,
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
@@ -440,7 +469,8 @@ pub struct Pool {
     /// LoRA adapters served by this pool's replicas.
     #[serde(default)]
     pub adapters: Vec<String>,
-    /// Static replica addresses (`host:port`). Exactly one of `endpoints`
+    /// Static replica addresses (`host:port`, or `https://host:port` for
+    /// TLS). Exactly one of `endpoints`
     /// and `simulated` is given.
     #[serde(default)]
     pub endpoints: Vec<String>,
@@ -448,6 +478,9 @@ pub struct Pool {
     pub simulated: Option<Simulated>,
     #[serde(default)]
     pub protocol: Protocol,
+    /// TLS settings for `https://` endpoints.
+    #[serde(default)]
+    pub tls: Option<UpstreamTls>,
     #[serde(default)]
     pub retry: Retry,
     #[serde(default)]
@@ -467,6 +500,21 @@ impl Pool {
     pub fn base_model(&self) -> &str {
         self.models.first().map(String::as_str).unwrap_or_default()
     }
+}
+
+/// An endpoint's scheme and the `host:port` after it: `https://h:p` is
+/// TLS, a bare `h:p` is plain HTTP.
+pub fn endpoint_scheme(endpoint: &str) -> (Scheme, &str) {
+    match endpoint.strip_prefix("https://") {
+        Some(rest) => (Scheme::Https, rest),
+        None => (Scheme::Http, endpoint),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
 }
 
 /// Replicas the gateway starts in-process from the simulator.

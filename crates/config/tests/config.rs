@@ -67,7 +67,7 @@ fn bad_endpoint_is_reported_with_its_path() {
     );
     assert_eq!(
         problems(&yaml),
-        [r#"spec.pools[1].endpoints[0]: "not a host" is not host:port"#]
+        [r#"spec.pools[1].endpoints[0]: "not a host" is not host:port or https://host:port"#]
     );
 }
 
@@ -255,7 +255,7 @@ fn every_structural_problem_is_reported_in_one_run() {
         "apiVersion: infergate.dev/v1alpha1\n",
         "kind: InferenceGatewayConfig\n",
         "spec:\n",
-        "  listeners: [{name: public, address: \"127.0.0.1:8080\", tls: true}]\n",
+        "  listeners: [{name: public, address: \"127.0.0.1:8080\", tsl: true}]\n",
         "  limits: {maxBodyBytes: lots}\n",
         "  pools:\n",
         "    - {name: a, models: [m1], endpoint: [\"127.0.0.1:1\"]}\n",
@@ -263,7 +263,7 @@ fn every_structural_problem_is_reported_in_one_run() {
     );
     let p = problems(yaml);
     let expect = [
-        "spec.listeners[0].tls: unknown field `tls`",
+        "spec.listeners[0].tsl: unknown field `tsl`",
         "spec.limits.maxBodyBytes: invalid type: string \"lots\", expected u64 at line 5 column 26",
         "spec.pools[0].endpoint: unknown field `endpoint`",
         "spec.pools[1].scheduling.polcy: unknown field `polcy`",

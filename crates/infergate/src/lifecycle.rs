@@ -69,8 +69,10 @@ impl Overrides {
             config.spec.listeners[0].address = address.clone();
         }
         if let Some(address) = &self.admin_listen {
+            let tls = config.spec.admin.take().and_then(|a| a.tls);
             config.spec.admin = Some(config::Admin {
                 address: address.clone(),
+                tls,
             });
         }
     }

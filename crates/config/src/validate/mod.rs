@@ -9,6 +9,8 @@ use std::time::Duration;
 use picker::Weights;
 use signals::Dialect;
 
+mod security;
+
 use crate::defaults;
 use crate::problem::{Problem, Unreadable};
 use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
@@ -133,6 +135,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     }
 
     check_telemetry(&mut p, &spec.telemetry);
+    security::check(&mut p, spec);
 
     if spec.pools.is_empty() {
         p.add("spec.pools", "at least one pool is required");
@@ -271,8 +274,9 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unread
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (j, e) in pool.endpoints.iter().enumerate() {
         let ep = format!("{path}.endpoints[{j}]");
-        if !is_host_port(e) {
-            p.add(ep, format!("{e:?} is not host:port"));
+        let (_, host_port) = crate::schema::endpoint_scheme(e);
+        if !is_host_port(host_port) {
+            p.add(ep, format!("{e:?} is not host:port or https://host:port"));
         } else if let Some(first) = seen.insert(e, j) {
             p.add(
                 ep,
