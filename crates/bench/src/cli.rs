@@ -32,7 +32,8 @@ pub struct BenchArgs {
     /// the two agree.
     #[arg(long, value_enum, default_value_t = ModeArg::Live)]
     pub mode: ModeArg,
-    /// Small runs (two loads, short traffic) that finish in about a minute.
+    /// Small runs (two loads, short traffic): about 15 seconds per scenario,
+    /// too few requests for tail percentiles to mean much.
     #[arg(long)]
     pub quick: bool,
     /// Write NAME.json, NAME.md and NAME.svg for each scenario here.

@@ -21,8 +21,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
     match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, "/readyz") if state.is_ready() => text(StatusCode::OK, "ready"),
-        (&Method::GET, "/readyz") => text(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
+        (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
         (&Method::GET, "/metrics") => {
             let mut r = Response::new(crate::body::full(Bytes::from(state.metrics.encode())));
             r.headers_mut()

@@ -84,11 +84,7 @@ async fn route(
     let generation = state.generation();
     match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, "/readyz") if state.is_ready() => text(StatusCode::OK, "ready"),
-        (&Method::GET, "/readyz") => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no pool has a usable replica",
-        ),
+        (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
         (&Method::GET, "/v1/models") => json(generation.routes.models_json()),
         (&Method::GET, path) if path.starts_with(MODEL_PREFIX) => {
             let id = percent_encoding::percent_decode_str(&path[MODEL_PREFIX.len()..])

@@ -36,8 +36,8 @@ impl ApiError {
     }
 }
 
-pub fn text(status: StatusCode, body: &'static str) -> Response<ResponseBody> {
-    let mut r = Response::new(full(Bytes::from_static(body.as_bytes())));
+pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ResponseBody> {
+    let mut r = Response::new(full(body.into()));
     *r.status_mut() = status;
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
@@ -51,4 +51,12 @@ pub fn json(bytes: Bytes) -> Response<ResponseBody> {
         HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// `/readyz`: 200 `ready`, or 503 with the reason.
+pub fn readyz(readiness: Result<(), String>) -> Response<ResponseBody> {
+    match readiness {
+        Ok(()) => text(StatusCode::OK, "ready"),
+        Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
+    }
 }

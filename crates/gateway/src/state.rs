@@ -42,9 +42,13 @@ impl State {
         self.generation.store(Arc::new(generation));
     }
 
-    /// Ready to serve: not shutting down, and some pool can pick.
-    pub fn is_ready(&self) -> bool {
-        !self.is_shutting_down() && self.generation.load().is_ready()
+    /// Ready to serve: not shutting down, and the pools `readyWhen` asks
+    /// for can pick. `Err` says why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.is_shutting_down() {
+            return Err("shutting down".to_owned());
+        }
+        self.generation.load().readiness()
     }
 
     pub fn is_shutting_down(&self) -> bool {

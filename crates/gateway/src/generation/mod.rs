@@ -29,6 +29,7 @@ pub struct Generation {
     pub forwarded_paths: ForwardedPaths,
     pub trusted_proxies: TrustedProxies,
     client_sampling: config::ClientSampling,
+    ready_when: config::ReadyWhen,
     /// The trace sample ratio when traces are exported, else every trace.
     sample_ratio: f64,
 }
@@ -45,10 +46,32 @@ impl Generation {
         (!caller_decides).then_some(self.sample_ratio)
     }
 
-    /// Ready when some pool has a replica that can be picked.
-    pub fn is_ready(&self) -> bool {
+    /// `Ok` when the pools `readyWhen` asks for have a replica that can be
+    /// picked now; else why not, naming the pools that have none.
+    pub fn readiness(&self) -> Result<(), String> {
         let now = std::time::Instant::now();
-        self.pools.iter().any(|p| p.runtime().is_ready(now))
+        let unready: Vec<&str> = self
+            .pools
+            .iter()
+            .filter(|p| !p.runtime().is_ready(now))
+            .map(|p| &**p.name())
+            .collect();
+        let ready = match self.ready_when {
+            config::ReadyWhen::AnyPool => unready.len() < self.pools.len(),
+            config::ReadyWhen::AllPools => unready.is_empty(),
+        };
+        if ready {
+            Ok(())
+        } else {
+            Err(format!(
+                "no usable replica in pool {} (readyWhen: {})",
+                unready.join(", "),
+                match self.ready_when {
+                    config::ReadyWhen::AnyPool => "anyPool",
+                    config::ReadyWhen::AllPools => "allPools",
+                }
+            ))
+        }
     }
 
     pub fn pool(&self, name: &str) -> Option<&Arc<Pool>> {
@@ -113,6 +136,7 @@ impl Runtimes {
             forwarded_paths: ForwardedPaths::new(&spec.forwarding.extra_paths),
             trusted_proxies: TrustedProxies::new(spec.forwarding.trusted_proxies()),
             client_sampling: spec.forwarding.client_sampling,
+            ready_when: spec.ready_when,
             sample_ratio: spec
                 .telemetry
                 .otlp

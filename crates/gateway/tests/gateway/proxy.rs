@@ -436,6 +436,81 @@ async fn health_and_readiness() {
     assert_eq!(readyz.status(), 200);
 }
 
+/// `readyWhen: anyPool` stays ready while one pool has no usable replica;
+/// `allPools` is not ready, and says which pool it waits for.
+#[tokio::test]
+async fn readiness_follows_ready_when() {
+    let up = FakeReplica::start("a", Behaviour::Echo).await;
+    // A port nothing listens on: the pool's scrapes fail, so it has no
+    // usable replica.
+    let down = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let pools = format!(
+        "{}    - {{name: dead, engine: vllm, models: [d], endpoints: [\"{down}\"]}}\n",
+        plain_pool(&[&up.addr.to_string()], "")
+    );
+    let readyz = |gw: &Gateway| {
+        let url = format!("http://{}/readyz", gw.addr());
+        async move {
+            let r = client().get(url).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let all = Gateway::start(&config("  readyWhen: allPools\n", &pools))
+        .await
+        .unwrap();
+    let (status, body) = crate::support::poll_until(
+        Duration::from_secs(10),
+        "allPools to be not ready",
+        || async {
+            let (status, body) = readyz(&all).await;
+            if status == 503 {
+                Ok((status, body))
+            } else {
+                Err(format!("{status} {body}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(status, 503);
+    assert!(body.contains("dead") && body.contains("allPools"), "{body}");
+    assert!(!body.contains(" p,") && !body.ends_with(" p"), "{body}");
+
+    let any = Gateway::start(&config("  admin: {address: \"127.0.0.1:0\"}\n", &pools))
+        .await
+        .unwrap();
+    // Once `dead` is known to be down (the same scrape failure as above),
+    // the default still answers ready.
+    crate::support::poll_until(
+        Duration::from_secs(10),
+        "dead to be marked down",
+        || async {
+            let pools: Value = client()
+                .get(format!("http://{}/debug/pools", any.admin_addr().unwrap()))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let dead = pools["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "dead")
+                .cloned();
+            match dead {
+                Some(d) if d["ready"] == false => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(readyz(&any).await, (200, "ready".to_owned()));
+}
+
 #[tokio::test]
 async fn h2c_pools_are_reached_over_http2() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;

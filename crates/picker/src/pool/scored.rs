@@ -116,7 +116,7 @@ impl ScoredPick<'_> {
         };
         let choice = choose(&totals, rng);
         let scores = if self.req.explain {
-            self.explain(&totals, &scratch.positions)
+            self.explain(&totals, &scratch.positions, choice.winner)
         } else {
             Vec::new()
         };
@@ -333,17 +333,28 @@ impl ScoredPick<'_> {
         }
     }
 
-    /// Every candidate's scores, best first.
-    fn explain(&self, totals: &Totals<'_>, positions: &[usize]) -> Vec<CandidateScore> {
-        let mut scores: Vec<CandidateScore> = (0..totals.count)
+    /// Every candidate's scores, best first: the winner heads the list
+    /// even when others tie with it.
+    fn explain(
+        &self,
+        totals: &Totals<'_>,
+        positions: &[usize],
+        winner: usize,
+    ) -> Vec<CandidateScore> {
+        let mut order: Vec<usize> = (0..totals.count).collect();
+        order.sort_by(|&a, &b| {
+            (b == winner)
+                .cmp(&(a == winner))
+                .then(totals.of(b).total_cmp(&totals.of(a)))
+        });
+        order
+            .into_iter()
             .map(|candidate| CandidateScore {
                 endpoint: Arc::clone(&self.snapshot[positions[candidate]]),
                 total: totals.of(candidate),
                 parts: std::array::from_fn(|k| totals.part(k, candidate)),
             })
-            .collect();
-        scores.sort_by(|a, b| b.total.total_cmp(&a.total));
-        scores
+            .collect()
     }
 }
 

@@ -518,6 +518,28 @@ fn explain_lists_every_candidate_best_first() {
     assert_eq!(quiet.top, decision.top);
 }
 
+/// On a tie the chosen replica still heads the explanation, whichever of
+/// the equals the draw picked.
+#[test]
+fn explain_lists_the_winner_first_on_ties() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); 4], now);
+    let req = PickRequest {
+        explain: true,
+        ..PickRequest::default()
+    };
+    let mut rng = rng();
+    let mut winners = std::collections::HashSet::new();
+    for _ in 0..64 {
+        let decision = pool.pick(&req, now, &[], &mut rng).unwrap();
+        assert_eq!(decision.scores[0].endpoint.index, decision.index());
+        assert!(decision.scores.windows(2).all(|w| w[0].total >= w[1].total));
+        winners.insert(decision.index());
+    }
+    // The draw did land on other replicas than the first in config order.
+    assert!(winners.len() > 1, "{winners:?}");
+}
+
 #[test]
 fn decision_acquire_counts_the_requests_tokens() {
     let now = Instant::now();
