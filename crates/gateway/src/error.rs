@@ -53,6 +53,9 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
     /// Why flow control refused the request (`x-infergate-dropped-reason`).
     pub dropped_reason: Option<DropReason>,
+    /// Retrying cannot succeed (`x-should-retry: false`, which the OpenAI
+    /// SDKs obey even on a 429).
+    pub never_retry: bool,
 }
 
 impl ApiError {
@@ -65,6 +68,7 @@ impl ApiError {
             code: None,
             retry_after: None,
             dropped_reason: None,
+            never_retry: false,
         }
     }
 
@@ -272,6 +276,38 @@ impl ApiError {
                 StatusCode::BAD_GATEWAY,
                 "upstream_error",
                 format!("The replica of pool `{pool}` failed: {detail}"),
+            )
+        }
+    }
+
+    /// Over a rate limit: `kind` is `requests` or `tokens`, as OpenAI's
+    /// own 429s have it.
+    pub fn rate_limited(kind: &'static str, message: String, retry_after: Duration) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            retry_after: Some(retry_after),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, kind, message)
+        }
+    }
+
+    /// A request larger than a whole limit: it can never pass.
+    pub fn too_large_for_limit(kind: &'static str, message: String) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            never_retry: true,
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, kind, message)
+        }
+    }
+
+    /// `onBackendError: deny` and the limits' backend did not answer.
+    pub fn limits_unavailable() -> Self {
+        Self {
+            code: Some("limits_unavailable"),
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                "Rate limits cannot be checked right now.",
             )
         }
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod fuzzing;
 mod generation;
 mod headers;
+mod limits;
 pub mod pipeline;
 mod pool;
 mod record;

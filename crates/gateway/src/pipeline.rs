@@ -10,18 +10,21 @@
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
 //! 4. route — model name → pool (+ adapter)
 //! 5. authorize — tenant may use this model (with authentication)
-//! 6. admit — flow control: when every replica is saturated, wait in line
+//! 6. limit — reserve the request and its tokens on every rate limit that
+//!    applies (limits/), or refuse with 429 before it queues
+//! 7. admit — flow control: when every replica is saturated, wait in line
 //!    by priority band and fairness key (admit/)
-//! 7. pick — the endpoint picker over the pool's current snapshot, run by
+//! 8. pick — the endpoint picker over the pool's current snapshot, run by
 //!    admission for requests that go straight through and for waiters
-//! 8. forward — proxy to the replica over the worker's own pooled
+//! 9. forward — proxy to the replica over the worker's own pooled
 //!    connections (upstream/connections.rs), retrying another replica only
 //!    when none of the request was sent (the replica may be generating
 //!    it otherwise); hold a non-streaming answer's head until its body
 //!    starts, so a replica failing first gets a 502, and stream the answer
 //!    back
-//! 9. record — metrics, access log and load release, when the response
-//!    body ends (record.rs); each stage above runs in its own span
+//! 10. record — metrics, access log, load release and the settlement of
+//!     the rate-limit reservation, when the response body ends (record.rs);
+//!     each stage above runs in its own span
 
 use std::sync::Arc;
 
@@ -190,7 +193,26 @@ async fn infer(
 
     // 5. authorize: every caller may use every model until tenants exist.
 
-    // 6. admit: straight through when a replica has room, else wait in line.
+    // 6. limit: reserve the request and its tokens on every rate limit
+    // that applies, or refuse before it queues.
+    let limiter = &generation.limiter;
+    let tokens = limiter.tokens_to_reserve(request.prompt_tokens, request.max_output);
+    let reserved = limiter
+        .reserve(record.tenant.as_deref(), &request.model, tokens)
+        .instrument(stage_span!("limit"))
+        .await;
+    match reserved {
+        // The record carries it: settled when the request ends, and its
+        // headers go on every answer (refuse and pass_on add them).
+        Ok(reservation) => record.reservation = reservation,
+        Err(refused) => {
+            let mut response = refuse(record, refused.error);
+            refused.headers.apply(response.headers_mut());
+            return response;
+        }
+    }
+
+    // 7. admit: straight through when a replica has room, else wait in line.
     let ticket = match Ticket::from_request(
         &headers,
         &request.model,
@@ -201,7 +223,7 @@ async fn infer(
         Ok(t) => t,
         Err(e) => return refuse(record, e),
     };
-    // 7. pick happens inside admission (the dispatcher picks for waiters).
+    // 8. pick happens inside admission (the dispatcher picks for waiters).
     let explain = generation.debug.decision_headers
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
     let pick = pool
@@ -225,7 +247,7 @@ async fn infer(
     };
     record.waited(ticket.band, admitted.queue_wait);
 
-    // 8. forward, retrying other replicas before any byte.
+    // 9. forward, retrying other replicas before any byte.
     let outgoing = upstream::Outgoing {
         method: &method,
         uri: &uri,
@@ -292,9 +314,10 @@ async fn forward(
         )
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
+        // The replica has the request from here (or may have part of it):
+        // whatever happens, it is not sent again, and it is charged.
+        record.sent = !matches!(&sent, Ok(Err(e)) if !e.was_sent());
         let e = match sent {
-            // The replica has the request from here: whatever happens, it
-            // is not sent again.
             Ok(Ok(answer)) => {
                 return pass_on(generation, pool, answer, deadline, admitted, record).await;
             }
@@ -394,6 +417,7 @@ async fn pass_on(
             HeaderValue::from_static("application/json"),
         );
     }
+    record.rate_headers(&mut response_headers);
     if generation.debug.decision_headers {
         let waited = record.queue_wait.unwrap_or_default();
         decision_headers(&mut response_headers, name, &admitted.decision, waited);
@@ -473,7 +497,9 @@ fn pick_error(pool: &str, e: picker::PickError) -> ApiError {
 
 fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
     record.refused(&error);
-    error.into_response()
+    let mut response = error.into_response();
+    record.rate_headers(response.headers_mut());
+    response
 }
 
 fn decision_headers(

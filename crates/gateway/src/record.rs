@@ -18,6 +18,7 @@ use picker::TopScores;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
+use crate::limits::{Outcome, Reservation};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
@@ -46,6 +47,10 @@ pub struct Record {
     pub queue_wait: Option<Duration>,
     /// Trace id of the context sent to the replica.
     pub trace_id: Option<u128>,
+    /// Held on the rate limits until the request ends, then settled.
+    pub reservation: Option<Reservation>,
+    /// Some of the request reached a replica, which may have worked on it.
+    pub sent: bool,
     /// The route's metric handles; set once the request reached routing.
     metrics: Option<Arc<RouteMetrics>>,
     span: tracing::Span,
@@ -76,6 +81,8 @@ impl Record {
             priority: None,
             queue_wait: None,
             trace_id: None,
+            reservation: None,
+            sent: false,
             metrics: None,
             span,
             start,
@@ -110,6 +117,33 @@ impl Record {
         self.status = error.status.as_u16();
         self.refusal = Some(refusal_reason(error));
         self.on_error(&error.message);
+    }
+
+    /// The `x-ratelimit-*` headers of the request's reservation, if any.
+    pub fn rate_headers(&self, headers: &mut http::HeaderMap) {
+        if let Some(reservation) = &self.reservation {
+            reservation.headers().apply(headers);
+        }
+    }
+
+    /// What the request's tokens cost: what the replica reported; nothing
+    /// when it never ran or answered with an error; what was reserved when
+    /// it ran but its usage is unknown (a stream without usage, a client
+    /// that left).
+    fn outcome(&self) -> Outcome {
+        let usage = self
+            .usage
+            .filter(|u| u.prompt_tokens.is_some() || u.completion_tokens.is_some());
+        match (self.sent, usage) {
+            (false, _) => Outcome::NotRun,
+            (true, Some(u)) => Outcome::Used(
+                u.prompt_tokens
+                    .unwrap_or_default()
+                    .saturating_add(u.completion_tokens.unwrap_or_default()),
+            ),
+            (true, None) if self.status >= 400 && self.meter.is_none() => Outcome::Used(0),
+            (true, None) => Outcome::Unknown,
+        }
     }
 
     /// A replica's response head arrived and is passed on.
@@ -182,6 +216,9 @@ impl Drop for Record {
         };
         if self.meter.is_some() && !self.finished && self.error.is_none() {
             self.on_error("the client closed the connection before the response ended");
+        }
+        if let Some(reservation) = self.reservation.take() {
+            reservation.settle(self.outcome());
         }
         let usage = self.usage.unwrap_or_default();
         if let Some(m) = &self.metrics {

@@ -36,6 +36,11 @@ pub struct InferenceRequest<'a> {
     pub stream: bool,
     /// Prompt plus expected output tokens, for in-flight load accounting.
     pub estimated_tokens: u64,
+    /// The prompt's length in tokens, estimated from its characters.
+    pub prompt_tokens: u64,
+    /// `max_completion_tokens` or `max_tokens`, when the request bounds
+    /// its answer.
+    pub max_output: Option<u64>,
     /// The prompt fields, for the picker's prefix hashes.
     prompt: Prompt<'a>,
 }
@@ -56,25 +61,28 @@ impl<'a> InferenceRequest<'a> {
                 ));
             }
         };
-        let output = [&fields.max_completion_tokens, &fields.max_tokens]
+        let max_output = [&fields.max_completion_tokens, &fields.max_tokens]
             .into_iter()
             .find_map(|v| match v {
                 Some(Json::U64(n)) => Some(*n),
                 _ => None,
-            })
-            .unwrap_or(DEFAULT_OUTPUT_TOKENS);
+            });
+        let output = max_output.unwrap_or(DEFAULT_OUTPUT_TOKENS);
         let prompt = fields.prompt;
         let prompt_chars = [&prompt.messages, &prompt.prompt, &prompt.input]
             .into_iter()
             .flatten()
             .map(text_len)
             .sum::<usize>() as u64;
+        let prompt_tokens = (prompt_chars / CHARS_PER_TOKEN).min(MAX_ESTIMATED_TOKENS);
         Ok(Self {
             model,
             stream: fields.stream,
+            prompt_tokens,
+            max_output,
             // Bounded: a client's `max_tokens` may be any u64, and a sum
             // that wrapped would make a huge request look nearly free.
-            estimated_tokens: (prompt_chars / CHARS_PER_TOKEN)
+            estimated_tokens: prompt_tokens
                 .saturating_add(output)
                 .min(MAX_ESTIMATED_TOKENS),
             prompt,

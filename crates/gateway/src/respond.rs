@@ -22,6 +22,9 @@ impl ApiError {
                 HeaderValue::from_static(reason.as_str()),
             );
         }
+        if self.never_retry {
+            headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        }
         if let Some(after) = self.retry_after {
             // Retry-After has whole seconds; round up so a client never
             // comes back too early. retry-after-ms carries the precise value.

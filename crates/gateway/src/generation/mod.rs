@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::edge::ForwardedPaths;
+use crate::limits::{Limiter, Store};
 use crate::pool::{Pool, Runtime};
 use crate::routes::ModelTable;
 use crate::telemetry::Metrics;
@@ -28,6 +29,7 @@ pub struct Generation {
     /// The paths forwarded to replicas.
     pub forwarded_paths: ForwardedPaths,
     pub trusted_proxies: TrustedProxies,
+    pub limiter: Limiter,
     client_sampling: config::ClientSampling,
     ready_when: config::ReadyWhen,
     /// The trace sample ratio when traces are exported, else every trace.
@@ -84,6 +86,9 @@ pub struct Runtimes {
     by_name: HashMap<String, Arc<Runtime>>,
     /// Worker threads, each with its own connections per pool.
     workers: usize,
+    /// Rate-limit counts (or the Redis connection), kept while the
+    /// backend settings stay the same.
+    limit_store: Option<Store>,
 }
 
 impl Runtimes {
@@ -91,6 +96,7 @@ impl Runtimes {
         Self {
             by_name: HashMap::new(),
             workers,
+            limit_store: None,
         }
     }
 
@@ -109,6 +115,8 @@ impl Runtimes {
                 );
             }
         }
+        // First: the only step here that can fail, before anything changes.
+        let limit_store = Store::for_config(&spec.rate_limits, self.limit_store.as_ref())?;
         let connect_timeout = spec.timeouts.connect();
         let mut by_name = HashMap::with_capacity(spec.pools.len());
         let mut pools = Vec::with_capacity(spec.pools.len());
@@ -125,6 +133,7 @@ impl Runtimes {
         }
         metrics.retain_pools(|name| by_name.contains_key(name));
         self.by_name = by_name;
+        self.limit_store = Some(limit_store.clone());
         Ok(Generation {
             routes: ModelTable::new(&spec.pools, &pools),
             pools,
@@ -137,6 +146,7 @@ impl Runtimes {
             trusted_proxies: TrustedProxies::new(spec.forwarding.trusted_proxies()),
             client_sampling: spec.forwarding.client_sampling,
             ready_when: spec.ready_when,
+            limiter: Limiter::new(spec, limit_store, metrics.limit_backend_errors()),
             sample_ratio: spec
                 .telemetry
                 .otlp

@@ -106,6 +106,7 @@ struct Families {
     scrape_errors: Family<EndpointLabels, Counter>,
     scrape_duration: HistogramFamily<EndpointLabels>,
     queue_wait: HistogramFamily<QueueLabels>,
+    limit_backend_errors: Counter,
 }
 
 impl Families {
@@ -127,7 +128,13 @@ impl Families {
             scrape_errors: Family::default(),
             scrape_duration: Family::new_with_constructor(scrape_histogram),
             queue_wait: Family::new_with_constructor(latency_histogram),
+            limit_backend_errors: Counter::default(),
         };
+        registry.register(
+            "infergate_rate_limit_backend_errors",
+            "Admissions whose rate limits the backend (Redis) did not answer in time; rateLimits.onBackendError decided them",
+            f.limit_backend_errors.clone(),
+        );
         registry.register(
             "infergate_requests",
             "Requests that reached routing, by final HTTP status (pool and model empty when the model is unknown)",
@@ -236,6 +243,11 @@ impl Metrics {
             server: server_gauges,
             unrouted: OnceLock::new(),
         }
+    }
+
+    /// Counts admissions the rate-limit backend did not answer.
+    pub fn limit_backend_errors(&self) -> Counter {
+        self.families.limit_backend_errors.clone()
     }
 
     /// The pick-time histogram of pool `name` (flow control times picks).
@@ -580,6 +592,8 @@ pub fn refusal_reason(error: &crate::error::ApiError) -> &'static str {
         Some("upstream_error") => "upstream-failed",
         Some("shutting_down") => "shutting-down",
         Some("model_not_found") => "model-not-found",
+        Some("rate_limit_exceeded") => "rate-limited",
+        Some("limits_unavailable") => "limits-unavailable",
         _ if error.status == http::StatusCode::BAD_REQUEST => "invalid-request",
         _ => "other",
     }

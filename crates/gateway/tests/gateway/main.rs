@@ -9,7 +9,8 @@
 //! - [`observability`]: exact metrics, the access log, `/debug/pools`,
 //!   trace context, the dashboard;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
-//! - [`reload`]: a new config applied while requests run.
+//! - [`reload`]: a new config applied while requests run;
+//! - [`limits`]: rate limits, locally and shared through a real Redis.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -18,6 +19,7 @@
 
 mod attack;
 mod flow;
+mod limits;
 mod observability;
 mod picking;
 mod proxy;

@@ -6,6 +6,7 @@
 
 pub mod exposition;
 pub mod logs;
+pub mod redis;
 
 use std::convert::Infallible;
 use std::future::Future;
