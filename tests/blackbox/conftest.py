@@ -1,6 +1,7 @@
 """Start the real `infergate` binary the way a user does: `infergate serve`
 with no config (the demo fleet), on free ports."""
 
+import json
 import os
 import re
 import subprocess
@@ -51,3 +52,56 @@ def gateway():
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+class Served:
+    """`infergate serve --config FILE`, its public address read from the
+    `listening` log line."""
+
+    def __init__(self, tmp_path, yaml):
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml)
+        self.proc = subprocess.Popen(
+            [BINARY, "serve", "--config", str(path), "--log-format", "json"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.addr = None
+        timer = threading.Timer(60, self.proc.kill)  # never hang the suite
+        timer.start()
+        for line in self.proc.stderr:
+            event = json.loads(line)
+            if event.get("message") == "listening" and event.get("listener") == "public":
+                self.addr = event["addr"]
+                break
+        timer.cancel()
+        assert self.addr, "the gateway did not say where it listens"
+        # Keep reading its logs so it never blocks on a full pipe.
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+
+    @property
+    def base_url(self):
+        return f"http://{self.addr}/v1"
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Start gateways from config text; every one is stopped at the end."""
+    started = []
+
+    def start(yaml):
+        served = Served(tmp_path, yaml)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.stop()

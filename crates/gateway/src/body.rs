@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep};
 use crate::admit::Lease;
 use crate::error::BoxError;
 use crate::record::Record;
+use crate::stream_usage::UsageStripper;
 use crate::upstream::connections;
 
 pub fn full(bytes: Bytes) -> ResponseBody {
@@ -47,6 +48,9 @@ pub struct ProxiedBody {
     sse: bool,
     /// The error event has been sent; the body ends.
     ended: bool,
+    /// Set when the gateway asked for the stream's usage in the client's
+    /// place: the usage event is the gateway's, not the client's.
+    strip_usage: Option<UsageStripper>,
     idle_timeout: Duration,
     /// Fires `idle_timeout` after the last frame. Armed the first time the
     /// body has to wait, which a response that arrives whole never does,
@@ -77,6 +81,7 @@ impl ProxiedBody {
             first,
             sse,
             ended: false,
+            strip_usage: None,
             idle_timeout,
             idle: None,
             last_frame: Instant::now(),
@@ -84,6 +89,16 @@ impl ProxiedBody {
             record,
             _keep: keep,
         }
+    }
+}
+
+impl ProxiedBody {
+    /// Take the usage event out of the stream the client sees.
+    pub fn strip_usage(mut self) -> Self {
+        if self.sse {
+            self.strip_usage = Some(UsageStripper::default());
+        }
+        self
     }
 }
 
@@ -108,7 +123,12 @@ impl Body for ResponseBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
-            ResponseBody::Proxied(p) => p.ended || (p.first.is_none() && p.inner.is_end_stream()),
+            ResponseBody::Proxied(p) => {
+                p.ended
+                    || (p.first.is_none()
+                        && p.inner.is_end_stream()
+                        && p.strip_usage.as_ref().is_none_or(UsageStripper::is_empty))
+            }
         }
     }
 
@@ -156,12 +176,29 @@ impl ProxiedBody {
                     self.record.on_end();
                 }
                 self.last_frame = Instant::now();
-                Poll::Ready(Some(Ok(frame)))
+                match (&mut self.strip_usage, frame.into_data()) {
+                    (None, Ok(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    (Some(stripper), Ok(data)) => {
+                        let kept = stripper.filter(&data);
+                        if kept.is_empty() {
+                            // Nothing for the client in this frame (an
+                            // empty frame could end a chunked body): poll
+                            // again at once.
+                            cx.waker().wake_by_ref();
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(Some(Ok(Frame::data(kept))))
+                    }
+                    (_, Err(frame)) => Poll::Ready(Some(Ok(frame))),
+                }
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(self.failed(e)),
             Poll::Ready(None) => {
                 self.record.on_end();
-                Poll::Ready(None)
+                match self.strip_usage.as_mut().and_then(UsageStripper::finish) {
+                    Some(rest) => Poll::Ready(Some(Ok(Frame::data(rest)))),
+                    None => Poll::Ready(None),
+                }
             }
             Poll::Pending => loop {
                 let deadline = self.last_frame + self.idle_timeout;

@@ -24,6 +24,7 @@ mod routes;
 mod server;
 mod shutdown;
 mod state;
+mod stream_usage;
 pub mod telemetry;
 mod upstream;
 

@@ -211,6 +211,17 @@ async fn infer(
             return response;
         }
     }
+    // A stream charged in tokens is settled to its usage: ask for it when
+    // the client did not, and keep it from the client (stream_usage.rs).
+    let asked_usage = (request.stream
+        && record
+            .reservation
+            .as_ref()
+            .is_some_and(|r| r.charges_tokens()))
+    .then(|| crate::stream_usage::ask_for_usage(&body))
+    .flatten();
+    let strip_usage = asked_usage.is_some();
+    let body = asked_usage.unwrap_or_else(|| body.clone());
 
     // 7. admit: straight through when a replica has room, else wait in line.
     let ticket = match Ticket::from_request(
@@ -263,6 +274,7 @@ async fn infer(
         worker,
         outgoing,
         pick: &pick,
+        strip_usage,
     };
     forward(job, admitted, record).await
 }
@@ -274,6 +286,8 @@ struct Forward<'a> {
     worker: WorkerId,
     outgoing: upstream::Outgoing<'a>,
     pick: &'a OwnedPick,
+    /// The gateway asked for the stream's usage in the client's place.
+    strip_usage: bool,
 }
 
 /// Stage 8: send the request to the admitted replica, and to another while
@@ -290,6 +304,7 @@ async fn forward(
         worker,
         outgoing,
         pick,
+        strip_usage,
     } = job;
     let name = pool.name();
     let mut tried: Vec<usize> = Vec::new();
@@ -319,7 +334,13 @@ async fn forward(
         record.sent = !matches!(&sent, Ok(Err(e)) if !e.was_sent());
         let e = match sent {
             Ok(Ok(answer)) => {
-                return pass_on(generation, pool, answer, deadline, admitted, record).await;
+                let passed = PassOn {
+                    generation,
+                    pool,
+                    deadline,
+                    strip_usage,
+                };
+                return pass_on(passed, answer, admitted, record).await;
             }
             // The replica may be generating: never send the work twice.
             Err(_elapsed) => return refuse(record, ApiError::upstream_timeout(name)),
@@ -356,17 +377,29 @@ async fn forward(
     }
 }
 
+/// What passing an answer on needs besides the answer.
+struct PassOn<'a> {
+    generation: &'a Arc<Generation>,
+    pool: &'a Pool,
+    deadline: Instant,
+    strip_usage: bool,
+}
+
 /// The replica answered: pass its answer on. A non-streaming answer goes
 /// on once its body starts, so a replica failing before that is the
 /// client's 502, not a 200 with a cut body; a stream's head goes at once.
 async fn pass_on(
-    generation: &Arc<Generation>,
-    pool: &Pool,
+    job: PassOn<'_>,
     mut answer: upstream::Response,
-    deadline: Instant,
     admitted: Admitted,
     mut record: Record,
 ) -> Response<ResponseBody> {
+    let PassOn {
+        generation,
+        pool,
+        deadline,
+        strip_usage,
+    } = job;
     let name = pool.name();
     if !headers::plain_transfer_coding(&answer.headers) {
         let coding = answer.headers.get(header::TRANSFER_ENCODING);
@@ -424,7 +457,10 @@ async fn pass_on(
     }
     let idle = generation.timeouts.idle();
     let keep = Arc::clone(generation) as _;
-    let body = ProxiedBody::new(answer.body, first, sse, admitted.lease, record, idle, keep);
+    let mut body = ProxiedBody::new(answer.body, first, sse, admitted.lease, record, idle, keep);
+    if strip_usage {
+        body = body.strip_usage();
+    }
     let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
     *response.status_mut() = answer.status;
     *response.headers_mut() = response_headers;

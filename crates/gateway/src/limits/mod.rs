@@ -415,6 +415,11 @@ pub enum Outcome {
 }
 
 impl Reservation {
+    /// Some limit counts this request's tokens (so its usage matters).
+    pub fn charges_tokens(&self) -> bool {
+        self.rules.iter().any(|r| r.kind == Kind::Tokens)
+    }
+
     /// The `x-ratelimit-*` values as of the reservation.
     pub fn headers(&self) -> &RateHeaders {
         &self.headers

@@ -289,3 +289,87 @@ async fn two_gateways_sharing_redis_enforce_one_limit() {
         "the load was not five times the limit: {refused} refused"
     );
 }
+
+/// A stream charged in tokens is settled to its usage even when its client
+/// did not ask for usage: the gateway asks, and the client's stream is the
+/// one it asked for, without the usage event. A client that asked keeps it.
+#[tokio::test]
+async fn a_stream_is_settled_to_its_usage_without_the_client_seeing_it() {
+    let replica = sim::start_replica(
+        "127.0.0.1:0".parse().unwrap(),
+        sim::ReplicaSpec {
+            served_model_name: Some("m".into()),
+            time_scale: 100.0,
+            ..sim::ReplicaSpec::new("h100", "llama-3.1-8b")
+        },
+    )
+    .await
+    .unwrap();
+    let pools = format!(
+        "    - {{name: p, models: [m], endpoints: [\"{}\"]}}\n",
+        replica.local_addr()
+    );
+    // Without `max_tokens`, 5000 are reserved for the answer; the replica
+    // writes an answer of its own length.
+    let gw = Gateway::start(&config(
+        "  rateLimits: {defaultMaxTokens: 5000, global: {tokensPerDay: 1000000}}\n",
+        &pools,
+    ))
+    .await
+    .unwrap();
+    let stream = |include_usage: Option<bool>| {
+        let mut body = json!({"model": "m", "stream": true,
+            "messages": [{"role": "user", "content": "Tell me a story."}]});
+        if let Some(include) = include_usage {
+            body["stream_options"] = json!({"include_usage": include});
+        }
+        let url = format!("http://{}{CHAT}", gw.addr());
+        async move {
+            let r = client().post(url).json(&body).send().await.unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let probe = || async {
+        // Larger than the whole limit: refused, free, and it carries the
+        // remaining count.
+        let r = chat(&gw, 2_000_000).await;
+        header(&r, "x-ratelimit-remaining-tokens")
+    };
+
+    for asked in [None, Some(false)] {
+        let before = probe().await;
+        let text = stream(asked).await;
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert!(
+            !text.contains("\"usage\":{"),
+            "the client did not ask for usage: {text}"
+        );
+        assert!(text.matches("data: ").count() > 2, "{text}");
+        // Charged what it used: its completion (one token an event here)
+        // and its prompt (a dozen tokens), not the 5000 reserved.
+        let completion = text.matches("\"delta\":{\"content\"").count() as u64;
+        assert!(
+            completion < 4000,
+            "{completion} tokens: too close to the reservation to tell"
+        );
+        let charged =
+            crate::support::poll_until(Duration::from_secs(10), "the settlement", || async {
+                let spent = before.saturating_sub(probe().await);
+                if (completion..completion + 64).contains(&spent) {
+                    Ok(spent)
+                } else {
+                    Err(format!(
+                        "{spent} charged for {completion} completion tokens"
+                    ))
+                }
+            })
+            .await;
+        assert!(charged > 0, "{asked:?}");
+    }
+    let text = stream(Some(true)).await;
+    assert!(
+        text.contains("\"usage\":{"),
+        "the client asked for usage: {text}"
+    );
+}
