@@ -168,6 +168,15 @@ async fn serve(
         admin_listen,
     };
     overrides.apply(&mut config);
+    if demo && config.spec.auth.is_none() {
+        // The demo's replicas are simulated: nothing behind it needs
+        // protecting, so `--listen 0.0.0.0:8080` (in a container) works
+        // without an auth section. A config file gets no such pass.
+        config.spec.auth = Some(config::Auth {
+            mode: config::AuthMode::None,
+            ..Default::default()
+        });
+    }
     let mut config = config::validated(config)?;
     let telemetry = init_logging(log_format, &config.spec.telemetry)?;
     gateway::telemetry::panics::install_hook();

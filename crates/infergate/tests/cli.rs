@@ -446,3 +446,40 @@ fn a_second_stop_signal_during_the_drain_stops_at_once() {
     let _ = request.wait();
     drop(stream);
 }
+
+/// Secure by default: a listener others can reach needs `spec.auth`, and
+/// the refusal names both ways out. `check` says the same as `serve`.
+#[test]
+fn an_exposed_listener_without_auth_is_refused() {
+    let exposed = concat!(
+        "apiVersion: infergate.dev/v1alpha1\n",
+        "kind: InferenceGatewayConfig\n",
+        "spec:\n",
+        "  listeners: [{name: public, address: \"0.0.0.0:0\"}]\n",
+        "  pools: [{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:9\"]}]\n",
+    );
+    let (code, stderr) = check(exposed);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("spec.listeners[0].address")
+            && stderr.contains("configure spec.auth")
+            && stderr.contains("auth: {mode: none}"),
+        "{stderr}"
+    );
+    let cfg = write_config(exposed);
+    let out = infergate()
+        .args(["serve", "--config"])
+        .arg(cfg.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("configure spec.auth"), "{stderr}");
+
+    // Saying so on purpose is accepted, and so is a loopback listener.
+    let on_purpose = exposed.replace("  pools:", "  auth: {mode: none}\n  pools:");
+    let (code, stderr) = check(&on_purpose);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = check(&exposed.replace("0.0.0.0:0", "127.0.0.1:0"));
+    assert_eq!(code, Some(0), "{stderr}");
+}
