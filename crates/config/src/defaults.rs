@@ -83,5 +83,9 @@ pub const REDIS_TIMEOUT: Duration = Duration::from_millis(5);
 /// `rateLimits.redis.keyPrefix`.
 pub const REDIS_KEY_PREFIX: &str = "infergate:";
 
+/// How often a config file given with `--config` is looked at for changes
+/// (it is also reloaded on SIGHUP).
+pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";

@@ -29,11 +29,30 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
             r
         }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
-        (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools")) => {
+        (&Method::GET, "/debug/config") => debug_config(&state),
+        (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config")) => {
             ApiError::method_not_allowed(&req.method, path).into_response()
         }
         (_, path) => ApiError::not_found(path).into_response(),
     }
+}
+
+/// The config in force: which generation, where from, since when, and
+/// its spec (a Redis password left out).
+fn debug_config(state: &State) -> Response<ResponseBody> {
+    let generation = state.generation();
+    let applied = &generation.applied;
+    let mut spec = applied.spec.clone();
+    if let Some(redis) = &mut spec.rate_limits.redis {
+        redis.url = crate::limits::redacted(&redis.url);
+    }
+    let body = json!({
+        "generation": applied.number,
+        "source": &*state.config_source.lock(),
+        "appliedAt": humantime::format_rfc3339_millis(applied.at).to_string(),
+        "spec": spec,
+    });
+    respond::json(Bytes::from(body.to_string()))
 }
 
 /// Every pool and replica as the picker sees it right now, with each

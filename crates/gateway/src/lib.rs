@@ -7,6 +7,7 @@ mod admit;
 pub mod body;
 mod edge;
 pub mod error;
+pub mod file_watch;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -198,6 +199,17 @@ impl Gateway {
         self.state.install(generation);
         tracing::info!(pools = config.spec.pools.len(), "config applied");
         Ok(())
+    }
+
+    /// Say where the config comes from (`/debug/config` shows it).
+    pub fn set_config_source(&self, source: impl Into<String>) {
+        *self.state.config_source.lock() = source.into();
+    }
+
+    /// Count an attempt to put a changed config in force
+    /// (`infergate_config_reloads_total`).
+    pub fn count_reload(&self, applied: bool) {
+        self.state.metrics.count_reload(applied);
     }
 
     /// Addresses of the public listeners, by name, in config order.

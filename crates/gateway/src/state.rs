@@ -17,6 +17,8 @@ pub struct State {
     /// Request bodies held at once, across connections.
     pub body_budget: BodyBudget,
     shutting_down: AtomicBool,
+    /// Where the config comes from, as `/debug/config` says it.
+    pub config_source: parking_lot::Mutex<String>,
 }
 
 impl State {
@@ -29,6 +31,7 @@ impl State {
                 config::defaults::BODY_BUDGET_WAIT,
             ),
             shutting_down: AtomicBool::new(false),
+            config_source: parking_lot::Mutex::new("the embedding program".to_owned()),
         }
     }
 

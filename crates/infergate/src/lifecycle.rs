@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use gateway::file_watch::FileWatch;
+
 use crate::simulated::Fleets;
 
 pub enum Signal {
@@ -78,16 +80,26 @@ impl Overrides {
     }
 }
 
+/// Resolves when the watched config file changed; never without one.
+pub async fn changed(watch: &mut Option<FileWatch>) {
+    match watch {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Read the config file again and put it in force. A file that does not
-/// load, validate or apply is logged and changes nothing.
+/// load, validate or apply is logged and changes nothing. `why`: what
+/// asked for the reload, for the log.
 pub async fn reload(
     gateway: &gateway::Gateway,
     path: Option<&Path>,
     overrides: &Overrides,
     fleets: &mut Fleets,
+    why: &str,
 ) {
     let Some(path) = path else {
-        tracing::info!("SIGHUP: the demo has no config file to reload");
+        tracing::info!("{why}: the demo has no config file to reload");
         return;
     };
     let loaded = async {
@@ -99,10 +111,13 @@ pub async fn reload(
         fleets.commit(prepared);
         anyhow::Ok(())
     };
-    match loaded.await {
-        Ok(()) => tracing::info!(path = %path.display(), "config reloaded"),
+    let result = loaded.await;
+    gateway.count_reload(result.is_ok());
+    match result {
+        Ok(()) => tracing::info!(path = %path.display(), trigger = why, "config reloaded"),
         Err(e) => tracing::error!(
             path = %path.display(),
+            trigger = why,
             error = %format!("{e:#}"),
             "reload refused; the running config stays in force"
         ),

@@ -11,6 +11,8 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 use config::LogFormat;
 
+use gateway::file_watch::FileWatch;
+
 use crate::lifecycle::{Overrides, Signal, Signals};
 use crate::simulated::Fleets;
 
@@ -186,11 +188,26 @@ async fn serve(
     let prepared = fleets.prepare(&mut config).await?;
     let gateway = gateway::Gateway::start(&config).await?;
     fleets.commit(prepared);
+    gateway.set_config_source(match &path {
+        Some(p) => format!("file {}", p.display()),
+        None => "the built-in demo".to_owned(),
+    });
     if demo {
         print_demo_banner(&gateway, &config);
     }
-    while let Signal::Reload = signals.next().await {
-        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets).await;
+    // The file is reloaded when it changes, and on SIGHUP.
+    let mut watch = path
+        .as_ref()
+        .map(|p| FileWatch::new(p, config::defaults::CONFIG_WATCH_INTERVAL));
+    loop {
+        let why = tokio::select! {
+            signal = signals.next() => match signal {
+                Signal::Stop => break,
+                Signal::Reload => "SIGHUP",
+            },
+            () = lifecycle::changed(&mut watch) => "the file changed",
+        };
+        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets, why).await;
     }
     tracing::info!("shutting down: draining in-flight requests (a second signal stops at once)");
     let drained = tokio::select! {

@@ -405,14 +405,83 @@ fn sighup_reloads_the_config_file_and_a_bad_file_changes_nothing() {
     let served = Served::start(file.path());
     assert_eq!(served.models(), ["model-a"]);
 
+    // (The file is watched too: whichever notices first reloads it, and
+    // the signal's own reload is the one waited for.)
     std::fs::write(file.path(), simulated_config("model-b", 0.01)).unwrap();
     served.signal("HUP");
-    served.wait_for("config reloaded");
+    let line = served.wait_for("\"trigger\":\"SIGHUP\"");
+    assert!(line.contains("config reloaded"), "{line}");
     assert_eq!(served.models(), ["model-b"]);
 
     std::fs::write(file.path(), "spec: [not, a, config]").unwrap();
     served.signal("HUP");
-    served.wait_for("reload refused");
+    let line = served.wait_for("\"trigger\":\"SIGHUP\"");
+    assert!(line.contains("reload refused"), "{line}");
+    assert_eq!(served.models(), ["model-b"], "the running config stays");
+}
+
+/// Write `path` whole at once (as Kubernetes and editors do), so a watcher
+/// never reads it half written.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
+/// The config file is watched: a change is put in force without a signal,
+/// `/debug/config` shows which generation runs and from where, and
+/// `infergate_config_reloads_total` counts what happened.
+#[test]
+fn a_changed_config_file_is_reloaded_without_a_signal() {
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let with_admin = |model: &str| {
+        simulated_config(model, 0.01).replace(
+            "  pools:",
+            &format!("  admin: {{address: \"{admin}\"}}\n  pools:"),
+        )
+    };
+    let file = write_config(&with_admin("model-a"));
+    let served = Served::start(file.path());
+    replace_file(file.path(), &with_admin("model-b"));
+    let line = served.wait_for("\"trigger\":\"the file changed\"");
+    assert!(line.contains("config reloaded"), "{line}");
+    assert_eq!(served.models(), ["model-b"]);
+
+    let get = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "10"])
+            .arg(format!("http://{admin}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let config: serde_json::Value = serde_json::from_str(&get("/debug/config")).unwrap();
+    assert_eq!(config["generation"], 2, "{config}");
+    assert_eq!(
+        config["source"],
+        format!("file {}", file.path().display()),
+        "{config}"
+    );
+    assert_eq!(
+        config["spec"]["pools"][0]["models"][0], "model-b",
+        "{config}"
+    );
+
+    replace_file(file.path(), "spec: [not, a, config]");
+    let line = served.wait_for("\"trigger\":\"the file changed\"");
+    assert!(line.contains("reload refused"), "{line}");
+    let metrics = get("/metrics");
+    assert!(
+        metrics.contains("infergate_config_reloads_total{result=\"applied\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("infergate_config_reloads_total{result=\"refused\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(served.models(), ["model-b"], "the running config stays");
 }
 

@@ -18,6 +18,8 @@ use crate::telemetry::Metrics;
 use crate::upstream::TrustedProxies;
 
 pub struct Generation {
+    /// Which config this is, for `/debug/config`.
+    pub applied: Applied,
     pub routes: ModelTable,
     /// In config order.
     pub pools: Vec<Arc<Pool>>,
@@ -34,6 +36,14 @@ pub struct Generation {
     ready_when: config::ReadyWhen,
     /// The trace sample ratio when traces are exported, else every trace.
     sample_ratio: f64,
+}
+
+/// Which config a generation is: the count of configs put in force since
+/// start (1 for the first), when, and the spec itself.
+pub struct Applied {
+    pub number: u64,
+    pub at: std::time::SystemTime,
+    pub spec: config::Spec,
 }
 
 impl Generation {
@@ -89,6 +99,8 @@ pub struct Runtimes {
     /// Rate-limit counts (or the Redis connection), kept while the
     /// backend settings stay the same.
     limit_store: Option<Store>,
+    /// Generations built so far.
+    built: u64,
 }
 
 impl Runtimes {
@@ -97,6 +109,7 @@ impl Runtimes {
             by_name: HashMap::new(),
             workers,
             limit_store: None,
+            built: 0,
         }
     }
 
@@ -134,7 +147,13 @@ impl Runtimes {
         metrics.retain_pools(|name| by_name.contains_key(name));
         self.by_name = by_name;
         self.limit_store = Some(limit_store.clone());
+        self.built += 1;
         Ok(Generation {
+            applied: Applied {
+                number: self.built,
+                at: std::time::SystemTime::now(),
+                spec: spec.clone(),
+            },
             routes: ModelTable::new(&spec.pools, &pools),
             pools,
             limits: spec.limits.clone(),

@@ -26,6 +26,7 @@ use gcra::{Cell, Verdict};
 pub use headers::RateHeaders;
 use local::LocalStore;
 use redis::RedisStore;
+pub use redis::redacted;
 
 /// Where the TATs live. Carried from one config generation to the next
 /// while the backend settings stay the same, so a reload keeps the counts.

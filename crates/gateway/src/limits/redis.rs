@@ -232,8 +232,8 @@ impl RedisStore {
     }
 }
 
-/// The URL without its password, for logs.
-fn redacted(url: &str) -> String {
+/// The URL without its password, for logs and `/debug/config`.
+pub fn redacted(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://***@{}", &url[..scheme], &url[at + 1..])

@@ -66,6 +66,12 @@ struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    /// `applied` or `refused`.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: Name,
 }
@@ -107,6 +113,7 @@ struct Families {
     scrape_duration: HistogramFamily<EndpointLabels>,
     queue_wait: HistogramFamily<QueueLabels>,
     limit_backend_errors: Counter,
+    config_reloads: Family<ReloadLabels, Counter>,
 }
 
 impl Families {
@@ -129,7 +136,13 @@ impl Families {
             scrape_duration: Family::new_with_constructor(scrape_histogram),
             queue_wait: Family::new_with_constructor(latency_histogram),
             limit_backend_errors: Counter::default(),
+            config_reloads: Family::default(),
         };
+        registry.register(
+            "infergate_config_reloads",
+            "Attempts to put a changed config in force (file change, SIGHUP), by result: applied, or refused with the running config kept",
+            f.config_reloads.clone(),
+        );
         registry.register(
             "infergate_rate_limit_backend_errors",
             "Admissions whose rate limits the backend (Redis) did not answer in time; rateLimits.onBackendError decided them",
@@ -243,6 +256,15 @@ impl Metrics {
             server: server_gauges,
             unrouted: OnceLock::new(),
         }
+    }
+
+    /// Counts one attempt to put a changed config in force.
+    pub fn count_reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.families
+            .config_reloads
+            .get_or_create(&ReloadLabels { result })
+            .inc();
     }
 
     /// Counts admissions the rate-limit backend did not answer.
