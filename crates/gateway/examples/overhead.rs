@@ -25,6 +25,11 @@
 //! before a change) as one more target of the same run, so two builds are
 //! compared under the same load, slice by slice.
 //!
+//! `--security` adds infergate with each security feature on (rate limits
+//! counted locally and in Redis, API keys, JWT) as more targets, each
+//! compared with plain infergate in the same run; it starts its own
+//! `redis-server`.
+//!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
 //! on the PATH and a release build of `infergate`; `scripts/bench-overhead`
@@ -55,6 +60,9 @@ struct Args {
     skip_max: bool,
     /// Turns each target takes, in each measurement.
     slices: u32,
+    /// Add infergate with rate limits (local and Redis) and authentication
+    /// as more targets, to measure what each costs.
+    security: bool,
 }
 
 fn args() -> Args {
@@ -66,11 +74,16 @@ fn args() -> Args {
         connections: 32,
         skip_max: false,
         slices: 5,
+        security: false,
     };
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
         if flag == "--skip-max" {
             a.skip_max = true;
+            continue;
+        }
+        if flag == "--security" {
+            a.security = true;
             continue;
         }
         let value = argv.next().unwrap_or_default();
@@ -207,12 +220,21 @@ fn wait_listening(addr: SocketAddr) {
 }
 
 /// Requests per second at saturation and requests sent, by wrk.
-fn wrk(url: &str, connections: usize, seconds: u64, dir: &Path) -> (f64, u64) {
+fn wrk(
+    url: &str,
+    connections: usize,
+    seconds: u64,
+    dir: &Path,
+    header: Option<&Header>,
+) -> (f64, u64) {
     let script = dir.join("post.lua");
+    let extra = header.map_or(String::new(), |(name, value)| {
+        format!("wrk.headers[\"{name}\"] = \"{value}\"\n")
+    });
     std::fs::write(
         &script,
         format!(
-            "wrk.method = \"POST\"\nwrk.body = '{BODY}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+            "wrk.method = \"POST\"\nwrk.body = '{BODY}'\nwrk.headers[\"Content-Type\"] = \"application/json\"\n{extra}"
         ),
     )
     .unwrap();
@@ -266,8 +288,18 @@ impl Latencies {
     }
 }
 
+/// A request header a target needs (its credential).
+type Header = (&'static str, String);
+
 /// Open-loop load at `rate` req/s over a few keep-alive connections.
-async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: f64, into: &mut Latencies) {
+async fn fixed_rate(
+    target: (SocketAddr, Option<&Header>),
+    path: &str,
+    rate: u32,
+    seconds: f64,
+    into: &mut Latencies,
+) {
+    let (addr, header) = target;
     const CONNECTIONS: usize = 16;
     let mut senders = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -295,9 +327,13 @@ async fn fixed_rate(addr: SocketAddr, path: &str, rate: u32, seconds: f64, into:
         // Every connection busy means the target is behind; the request
         // waits for one, and that wait counts in its latency.
         let mut sender = free_rx.recv().await.unwrap();
-        let req = Request::post(uri.clone())
+        let mut req = Request::post(uri.clone())
             .header("host", addr.to_string())
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        if let Some((name, value)) = header {
+            req = req.header(*name, value);
+        }
+        let req = req
             .body(Full::new(Bytes::from_static(BODY.as_bytes())))
             .unwrap();
         let free_tx = free_tx.clone();
@@ -356,22 +392,47 @@ fn main() {
         "gateway",
         via_infergate,
         replica,
+        "",
     );
     let baseline = args
         .baseline
         .as_ref()
-        .map(|bin| gateway(bin, dir.path(), "baseline", via_baseline, replica));
+        .map(|bin| gateway(bin, dir.path(), "baseline", via_baseline, replica, ""));
     for port in [replica, via_infergate, via_nginx] {
         wait_listening(addr(port));
     }
     let mut targets = vec![
-        ("replica direct", replica, None),
-        ("infergate", via_infergate, Some(&_gateway)),
-        ("nginx proxy", via_nginx, Some(&_nginx_proxy)),
+        Target::new("replica direct", replica, None),
+        Target::new("infergate", via_infergate, Some(&_gateway)),
+        Target::new("nginx proxy", via_nginx, Some(&_nginx_proxy)),
     ];
     if let Some(baseline) = &baseline {
         wait_listening(addr(via_baseline));
-        targets.push(("infergate (baseline)", via_baseline, Some(baseline)));
+        targets.push(Target::new(
+            "infergate (baseline)",
+            via_baseline,
+            Some(baseline),
+        ));
+    }
+    let redis = args.security.then(|| Redis::start(dir.path()));
+    let variants: Vec<(Variant, u16, Proc)> = redis
+        .iter()
+        .flat_map(|redis| security_variants(&redis.url))
+        .map(|v| {
+            let port = free_port();
+            let name = v.name.replace(' ', "-");
+            let proc = gateway(&args.infergate, dir.path(), &name, port, replica, &v.spec);
+            wait_listening(addr(port));
+            (v, port, proc)
+        })
+        .collect();
+    for (v, port, proc) in &variants {
+        targets.push(Target {
+            name: v.name,
+            port: *port,
+            proc: Some(proc),
+            header: v.header.clone(),
+        });
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -379,9 +440,9 @@ fn main() {
         .unwrap();
     let path = "/v1/chat/completions";
     eprintln!("warming up");
-    for &(_, port, _) in &targets {
+    for t in &targets {
         runtime.block_on(fixed_rate(
-            addr(port),
+            (addr(t.port), t.header.as_ref()),
             path,
             args.rate,
             1.0,
@@ -391,8 +452,8 @@ fn main() {
     let slice = args.seconds as f64 / args.slices as f64;
     let mut rows: Vec<Row> = targets
         .iter()
-        .map(|&(name, _, _)| Row {
-            name,
+        .map(|t| Row {
+            name: t.name,
             max: None,
             lat: Latencies::default(),
             p50: Duration::ZERO,
@@ -408,12 +469,19 @@ fn main() {
         );
         let mut totals = vec![(0u64, 0.0f64, Cpu::default()); targets.len()];
         for _ in 0..args.slices {
-            for (i, &(_, port, proc)) in targets.iter().enumerate() {
+            for (i, t) in targets.iter().enumerate() {
+                let (port, proc) = (t.port, t.proc);
                 let before = proc.map(Proc::cpu);
                 let url = format!("http://127.0.0.1:{port}{path}");
                 // wrk takes whole seconds.
                 let seconds = (slice.round() as u64).max(1);
-                let (_, requests) = wrk(&url, args.connections, seconds, dir.path());
+                let (_, requests) = wrk(
+                    &url,
+                    args.connections,
+                    seconds,
+                    dir.path(),
+                    t.header.as_ref(),
+                );
                 totals[i].0 += requests;
                 totals[i].1 += seconds as f64;
                 totals[i].2 += proc
@@ -421,10 +489,9 @@ fn main() {
                     .map_or(Cpu::default(), |(p, b)| p.cpu() - b);
             }
         }
-        for (row, (&(_, _, proc), (requests, seconds, cpu))) in
-            rows.iter_mut().zip(targets.iter().zip(totals))
+        for (row, (t, (requests, seconds, cpu))) in rows.iter_mut().zip(targets.iter().zip(totals))
         {
-            let cpu = proc.map(|_| cpu.per(requests as usize));
+            let cpu = t.proc.map(|_| cpu.per(requests as usize));
             row.max = Some((requests as f64 / seconds, cpu));
         }
     }
@@ -434,10 +501,11 @@ fn main() {
     );
     let mut cpu = vec![Cpu::default(); targets.len()];
     for _ in 0..args.slices {
-        for (i, &(_, port, proc)) in targets.iter().enumerate() {
+        for (i, t) in targets.iter().enumerate() {
+            let proc = t.proc;
             let before = proc.map(Proc::cpu);
             runtime.block_on(fixed_rate(
-                addr(port),
+                (addr(t.port), t.header.as_ref()),
                 path,
                 args.rate,
                 slice,
@@ -448,8 +516,8 @@ fn main() {
                 .map_or(Cpu::default(), |(p, b)| p.cpu() - b);
         }
     }
-    for (row, (&(_, _, proc), cpu)) in rows.iter_mut().zip(targets.iter().zip(cpu)) {
-        row.cpu = proc.map(|_| cpu.per(row.lat.requests()));
+    for (row, (t, cpu)) in rows.iter_mut().zip(targets.iter().zip(cpu)) {
+        row.cpu = t.proc.map(|_| cpu.per(row.lat.requests()));
         row.lat.ok.sort_unstable();
         row.p50 = row.lat.at(0.50);
         row.p99 = row.lat.at(0.99);
@@ -504,7 +572,7 @@ fn main() {
         cpu(gw.cpu),
         cpu(nginx.cpu),
     );
-    if let Some(base) = rows.get(3) {
+    if let Some(base) = rows.iter().find(|r| r.name == "infergate (baseline)") {
         let ratio = rate(gw)
             .zip(rate(base))
             .map_or("—".to_owned(), |(g, b)| format!("{:.2}×", g / b));
@@ -517,15 +585,110 @@ fn main() {
             cpu(base.cpu),
         );
     }
+    for (v, _, _) in &variants {
+        let row = rows
+            .iter()
+            .find(|r| r.name == v.name)
+            .expect("a row per target");
+        let ratio = rate(row)
+            .zip(rate(gw))
+            .map_or("—".to_owned(), |(r, g)| format!("{:.2}×", r / g));
+        let cpu_ratio = |a: Option<Cpu>, b: Option<Cpu>| {
+            a.zip(b).map_or("—".to_owned(), |(a, b)| {
+                format!("{:.2}×", us(a.user + a.system) / us(b.user + b.system))
+            })
+        };
+        println!(
+            "{}: max rate {ratio} of infergate's, CPU per request {} at max and {} at {} req/s, added p50 {:+.0} µs, p99 {:+.0} µs",
+            v.name,
+            cpu_ratio(row.max.and_then(|(_, c)| c), gw.max.and_then(|(_, c)| c)),
+            cpu_ratio(row.cpu, gw.cpu),
+            args.rate,
+            us(row.p50) - us(gw.p50),
+            us(row.p99) - us(gw.p99),
+        );
+    }
+}
+
+/// One process the load is sent to.
+struct Target<'a> {
+    name: &'static str,
+    port: u16,
+    /// Its process, whose CPU time is measured (none for the replica).
+    proc: Option<&'a Proc>,
+    header: Option<Header>,
+}
+
+impl<'a> Target<'a> {
+    fn new(name: &'static str, port: u16, proc: Option<&'a Proc>) -> Self {
+        Self {
+            name,
+            port,
+            proc,
+            header: None,
+        }
+    }
+}
+
+/// infergate with one security feature on: its config lines and the
+/// header its requests carry.
+struct Variant {
+    name: &'static str,
+    spec: String,
+    header: Option<Header>,
+}
+
+/// Limits high enough never to refuse: what is measured is their cost.
+fn security_variants(redis_url: &str) -> Vec<Variant> {
+    const NEVER: &str = "{requestsPerSecond: 1000000000, tokensPerMinute: 1000000000000}";
+    vec![
+        Variant {
+            name: "infergate + local limits",
+            spec: format!("  rateLimits: {{global: {NEVER}}}\n"),
+            header: None,
+        },
+        Variant {
+            name: "infergate + Redis limits",
+            spec: format!(
+                "  rateLimits: {{backend: redis, redis: {{url: \"{redis_url}\", timeout: 100ms}}, global: {NEVER}}}\n"
+            ),
+            header: None,
+        },
+    ]
+}
+
+/// A `redis-server` on a free port, for the Redis limits.
+struct Redis {
+    url: String,
+    _proc: Proc,
+}
+
+impl Redis {
+    fn start(dir: &Path) -> Self {
+        let port = free_port();
+        let proc = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("redis-server not found; run scripts/bench-overhead, which installs it");
+        wait_listening(SocketAddr::from(([127, 0, 0, 1], port)));
+        Self {
+            url: format!("redis://127.0.0.1:{port}"),
+            _proc: Proc(proc),
+        }
+    }
 }
 
 /// An infergate process with one pool in front of `replica`.
-fn gateway(bin: &Path, dir: &Path, name: &str, port: u16, replica: u16) -> Proc {
+fn gateway(bin: &Path, dir: &Path, name: &str, port: u16, replica: u16, extra: &str) -> Proc {
     let config = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &config,
         format!(
-            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{port}\"}}]\n  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
+            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{port}\"}}]\n{extra}  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
         ),
     )
     .unwrap();
