@@ -14,6 +14,7 @@ use crate::edge::ForwardedPaths;
 use crate::pool::{Pool, Runtime};
 use crate::routes::ModelTable;
 use crate::telemetry::Metrics;
+use crate::tls::{self, client::PoolTls};
 use crate::upstream::TrustedProxies;
 
 pub struct Generation {
@@ -86,15 +87,27 @@ impl Runtimes {
                 );
             }
         }
+        // Everything that can fail is done before any pool changes: a
+        // generation that cannot be built leaves the one in force alone.
+        let mut tls = Vec::with_capacity(spec.pools.len());
+        for p in &spec.pools {
+            tls.push(PoolTls::for_pool(p).map_err(|problems| {
+                anyhow::anyhow!(
+                    "pool {:?}: TLS: {}",
+                    p.name,
+                    tls::FileProblem::joined(&problems)
+                )
+            })?);
+        }
         let connect_timeout = spec.timeouts.connect();
         let mut by_name = HashMap::with_capacity(spec.pools.len());
         let mut pools = Vec::with_capacity(spec.pools.len());
-        for p in &spec.pools {
+        for (p, tls) in spec.pools.iter().zip(tls) {
             let runtime = match self.by_name.remove(&p.name) {
                 Some(r) if r.fits(p) => r,
                 _ => Runtime::new(p, connect_timeout, metrics, self.workers),
             };
-            runtime.configure(p, &p.endpoints, metrics, connect_timeout);
+            runtime.configure(p, &p.endpoints, metrics, connect_timeout, tls);
             let pool_metrics =
                 metrics.pool(p, runtime.picker(), Arc::clone(runtime.admission()) as _);
             by_name.insert(p.name.clone(), Arc::clone(&runtime));

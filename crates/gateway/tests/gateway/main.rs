@@ -9,7 +9,9 @@
 //! - [`observability`]: exact metrics, the access log, `/debug/pools`,
 //!   trace context, the dashboard;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
-//! - [`reload`]: a new config applied while requests run.
+//! - [`reload`]: a new config applied while requests run;
+//! - [`tls`]: TLS listeners, client certificates, certificate reloads and
+//!   `https://` replicas.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -24,3 +26,4 @@ mod proxy;
 mod reload;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;
