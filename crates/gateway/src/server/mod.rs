@@ -227,17 +227,13 @@ async fn serve_tls<H, F>(
 {
     let started = tokio::time::Instant::now();
     let accepted = tokio::select! {
-        accepted = tokio::time::timeout(timeouts.header, tls.accept(stream)) => accepted,
+        accepted = tls.accept(stream, timeouts.header) => accepted,
         () = watch.draining() => return,
     };
     let accepted = match accepted {
-        Ok(Ok(accepted)) => accepted,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            return;
-        }
-        Err(_elapsed) => {
-            tracing::debug!(%peer, timeout = ?timeouts.header, "no TLS handshake in time; closing");
+        Ok(accepted) => accepted,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed; closing");
             return;
         }
     };

@@ -17,6 +17,7 @@
 
 use std::io;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use config::{ClientAuth, ListenerTls};
@@ -98,11 +99,19 @@ impl Acceptor {
         Ok(acceptor)
     }
 
-    /// The TLS handshake on `stream`. Failures are counted; the caller
-    /// bounds how long it may take.
-    pub async fn accept(&self, stream: TcpStream) -> io::Result<Accepted> {
+    /// The TLS handshake on `stream`, within `timeout`. Failures are
+    /// counted, running out of time included.
+    pub async fn accept(&self, stream: TcpStream, timeout: Duration) -> io::Result<Accepted> {
         let config = self.config.load_full();
-        let stream = match TlsAcceptor::from(config).accept(stream).await {
+        let shaken = tokio::time::timeout(timeout, TlsAcceptor::from(config).accept(stream))
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no handshake within {timeout:?}"),
+                ))
+            });
+        let stream = match shaken {
             Ok(stream) => stream,
             Err(e) => {
                 self.metrics.handshake_failures.inc();

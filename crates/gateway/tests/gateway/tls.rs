@@ -223,7 +223,7 @@ async fn a_client_that_never_finishes_the_handshake_is_closed_without_holding_ot
     let ca = Ca::new("ca");
     let files = Files::new(&ca.server(&["localhost"], Key::EcdsaPkcs8));
     let mut cfg = config(
-        "  limits: {headerTimeout: 1s}\n",
+        "  admin: {address: \"127.0.0.1:0\"}\n  limits: {headerTimeout: 1s}\n",
         &plain_pool(&[&replica.addr.to_string()], ""),
     );
     cfg.spec.listeners[0].tls = Some(files.listener());
@@ -255,6 +255,12 @@ async fn a_client_that_never_finishes_the_handshake_is_closed_without_holding_ot
     assert!(
         started.elapsed() >= Duration::from_millis(900),
         "closed by the header timeout"
+    );
+    let failures = r#"infergate_tls_handshake_failures_total{listener="public"}"#;
+    assert_eq!(
+        metric(&gw, failures).await,
+        Some(8.0),
+        "each silent client counted"
     );
 }
 
