@@ -121,6 +121,10 @@ fn server_name(host_port: &str) -> io::Result<ServerName<'static>> {
     })
 }
 
+/// Read the section's files (every problem collected, not just the
+/// first), then build the two client configurations from them: how the
+/// replicas' certificates are checked (the CA file, the system's store, or
+/// not at all), the client certificate if any, and the ALPN protocol.
 fn build(spec: &UpstreamTls, protocol: Protocol) -> Result<PoolTls, Vec<FileProblem>> {
     let mut problems = Vec::new();
     let mut sources = Vec::new();
