@@ -223,7 +223,7 @@ async fn a_client_that_never_finishes_the_handshake_is_closed_without_holding_ot
     let ca = Ca::new("ca");
     let files = Files::new(&ca.server(&["localhost"], Key::EcdsaPkcs8));
     let mut cfg = config(
-        "  admin: {address: \"127.0.0.1:0\"}\n  limits: {headerTimeout: 1s}\n",
+        "  admin: {address: \"127.0.0.1:0\"}\n  limits: {headerTimeout: 3s}\n",
         &plain_pool(&[&replica.addr.to_string()], ""),
     );
     cfg.spec.listeners[0].tls = Some(files.listener());
@@ -235,8 +235,9 @@ async fn a_client_that_never_finishes_the_handshake_is_closed_without_holding_ot
     for _ in 0..8 {
         silent.push(tokio::net::TcpStream::connect(gw.addr()).await.unwrap());
     }
-    // Accepting goes on meanwhile, and so do other handshakes.
-    let served_meanwhile = within(Duration::from_millis(900), "a handshake meanwhile", async {
+    // Accepting goes on meanwhile, and so do other handshakes: were the
+    // handshakes made one after the other, this one would wait 8 × 3 s.
+    let served_meanwhile = within(Duration::from_secs(2), "a handshake meanwhile", async {
         let stream = Client::new(&ca).connect(gw.addr()).await.unwrap();
         Http::over(stream).await.chat().await.unwrap().0
     })
@@ -253,7 +254,7 @@ async fn a_client_that_never_finishes_the_handshake_is_closed_without_holding_ot
         assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
     }
     assert!(
-        started.elapsed() >= Duration::from_millis(900),
+        started.elapsed() >= Duration::from_millis(2900),
         "closed by the header timeout"
     );
     let failures = r#"infergate_tls_handshake_failures_total{listener="public"}"#;
