@@ -17,6 +17,10 @@ RUN cargo build --release --locked -p infergate \
  && cp target/release/infergate /infergate
 
 FROM debian:bookworm-slim
+# The system trust store, for https:// replicas without a tls.caFile.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin infergate
 COPY --from=build /infergate /usr/local/bin/infergate
 USER 10001

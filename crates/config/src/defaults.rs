@@ -65,6 +65,13 @@ pub const OTLP_SAMPLE_RATIO: f64 = 1.0;
 /// spans in memory for long.
 pub const OTLP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a TLS listener's certificate, key and client CA files are
+/// read again to see whether they changed. Files are compared by content,
+/// so a rewrite in place and a swapped symlink (a Kubernetes Secret
+/// volume, cert-manager) are both seen; reading three small files this
+/// often costs nothing measurable.
+pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+
 /// `auth.jwt.leeway`: clock skew allowed on `exp` and `nbf`.
 pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
 /// `auth.jwt.issuers[].refreshInterval`.

@@ -502,20 +502,9 @@ impl Pool {
     }
 }
 
-/// An endpoint's scheme and the `host:port` after it: `https://h:p` is
-/// TLS, a bare `h:p` is plain HTTP.
-pub fn endpoint_scheme(endpoint: &str) -> (Scheme, &str) {
-    match endpoint.strip_prefix("https://") {
-        Some(rest) => (Scheme::Https, rest),
-        None => (Scheme::Http, endpoint),
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scheme {
-    Http,
-    Https,
-}
+// One definition, in the crate that dials replicas (the scraper); the
+// config names it where endpoints are described.
+pub use signals::{Scheme, endpoint_scheme};
 
 /// Replicas the gateway starts in-process from the simulator.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

@@ -367,3 +367,44 @@ fn more_checks_run_on_what_was_read() {
     );
     assert_eq!(p[1], "spec.pools[0].endpoints[0]: nothing listens there");
 }
+
+#[test]
+fn tls_sections_are_checked_as_a_whole() {
+    let yaml = minimal(
+        "    - {name: a, models: [m], endpoints: [\"127.0.0.1:1\"], tls: {caFile: ca.pem, insecureSkipVerify: true, certFile: c.pem}}\n    - {name: b, models: [n], endpoints: [\"https://127.0.0.1:2\"], tls: {serverName: \"\", keyFile: k.pem}}\n",
+    )
+    .replace(
+        "address: \"127.0.0.1:8080\"}",
+        "address: \"127.0.0.1:8080\", tls: {certFile: \"\", keyFile: k.pem, clientAuth: optional}}",
+    );
+    assert_eq!(
+        problems(&yaml),
+        [
+            "spec.listeners[0].tls.certFile: must not be empty",
+            "spec.listeners[0].tls.clientAuth: optional needs clientCaFile, the CAs client certificates are checked against",
+            "spec.pools[0].tls: no endpoint is https://host:port, so these settings would never be used",
+            "spec.pools[0].tls.keyFile: certFile needs its keyFile",
+            "spec.pools[0].tls.caFile: is not used with insecureSkipVerify: true, which checks no certificate; remove one of them",
+            "spec.pools[1].tls.serverName: must not be empty",
+            "spec.pools[1].tls.certFile: keyFile needs its certFile",
+        ]
+    );
+}
+
+#[test]
+fn https_endpoints_with_tls_settings_are_valid() {
+    let yaml = minimal(
+        "    - {name: a, models: [m], protocol: h2c, endpoints: [\"https://vllm-0.svc:8443\", \"127.0.0.1:1\"], tls: {caFile: ca.pem, serverName: vllm.internal, certFile: c.pem, keyFile: k.pem}}\n",
+    )
+    .replace(
+        "address: \"127.0.0.1:8080\"}",
+        "address: \"127.0.0.1:8080\", tls: {certFile: c.pem, keyFile: k.pem, clientCaFile: ca.pem, clientAuth: optional}}",
+    );
+    let c = from_yaml(&yaml).unwrap_or_else(|e| panic!("refused: {e}"));
+    let tls = c.spec.listeners[0].tls.as_ref().unwrap();
+    assert_eq!(tls.client_auth, config::ClientAuth::Optional);
+    assert_eq!(
+        config::endpoint_scheme(&c.spec.pools[0].endpoints[0]),
+        (config::Scheme::Https, "vllm-0.svc:8443")
+    );
+}

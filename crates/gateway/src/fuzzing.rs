@@ -132,7 +132,7 @@ pub fn serve_bytes(pieces: &[&[u8]]) -> Vec<u8> {
             }
         };
         let drain = crate::shutdown::Drain::new();
-        let peer = ([127, 0, 0, 1], 1).into();
+        let peer: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
         let timeouts = Timeouts::new(Duration::from_secs(1));
         let serving = tokio::spawn(connection::serve(
             server,

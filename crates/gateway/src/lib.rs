@@ -27,6 +27,7 @@ mod shutdown;
 mod state;
 mod stream_usage;
 pub mod telemetry;
+pub mod tls;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -95,6 +96,16 @@ fn watch_server(state: &Arc<State>, slots: &server::ConnectionSlots, workers: &A
     });
 }
 
+/// A listener's TLS, its files read and watched from now on.
+fn listener_tls(
+    name: &str,
+    spec: Option<&config::ListenerTls>,
+    state: &State,
+) -> anyhow::Result<Option<Arc<tls::server::Acceptor>>> {
+    spec.map(|spec| tls::server::Acceptor::start(name, spec, state.metrics.listener_tls(name)))
+        .transpose()
+}
+
 /// One line per pool, so an operator sees what was loaded.
 fn log_pools(generation: &generation::Generation) {
     for pool in &generation.pools {
@@ -137,6 +148,7 @@ impl Gateway {
         watch_server(&state, &slots, &workers);
         let timeouts = server::Timeouts::new(spec.limits.header_timeout());
         for l in &spec.listeners {
+            let tls = listener_tls(&l.name, l.tls.as_ref(), &state)?;
             let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
             let handler = move |worker, req| pipeline::handle(Arc::clone(&st), worker, req);
@@ -148,12 +160,14 @@ impl Gateway {
                 Arc::clone(&drain),
                 timeouts,
                 slots.clone(),
+                tls,
             ));
-            tracing::info!(listener = %l.name, %addr, "listening");
+            tracing::info!(listener = %l.name, %addr, tls = l.tls.is_some(), "listening");
             listeners.push((l.name.clone(), addr));
         }
         let admin = match &spec.admin {
             Some(a) => {
+                let tls = listener_tls("admin", a.tls.as_ref(), &state)?;
                 let (listener, addr) = server::bind(&a.address).await?;
                 let st = Arc::clone(&state);
                 let handler = move |_, req| admin::handle(Arc::clone(&st), req);
@@ -165,8 +179,9 @@ impl Gateway {
                     Arc::clone(&drain),
                     timeouts,
                     server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS, None),
+                    tls,
                 ));
-                tracing::info!(%addr, "admin listening");
+                tracing::info!(%addr, tls = a.tls.is_some(), "admin listening");
                 Some(addr)
             }
             None => None,
@@ -187,8 +202,10 @@ impl Gateway {
     /// Put a new config in force: routes, pools and their replicas,
     /// limits, objectives. Requests already running finish under the
     /// config they started with; pools that stay keep their replicas'
-    /// load, connections and prefix index. Listeners, the admin listener,
-    /// connection limits and the body budget are fixed at start. The config
+    /// load, connections and prefix index; a pool's TLS settings and files
+    /// hold for connections opened from now on. Listeners (their TLS on or
+    /// off too; their certificate files are watched anyway), the admin
+    /// listener, connection limits and the body budget are fixed at start. The config
     /// must be validated, with simulated pools started.
     pub fn apply(&self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
         let generation = self

@@ -149,6 +149,7 @@ async fn infer(
     if state.is_shutting_down() {
         return refuse(record, ApiError::shutting_down());
     }
+    let proto = req.scheme();
     let Request {
         method,
         uri,
@@ -165,7 +166,7 @@ async fn infer(
         Ok(read) => read,
         Err(e) => return refuse(record, e),
     };
-    let forwarded = Forwarded::new(&headers, peer, "http", &generation.trusted_proxies);
+    let forwarded = Forwarded::new(&headers, peer, proto, &generation.trusted_proxies);
 
     // 2. authenticate: no authentication configured.
 

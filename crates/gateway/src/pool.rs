@@ -2,12 +2,14 @@
 //! [`Runtime`]: what carries over from one generation of the config
 //! to the next, found again by the pool's name — its replicas with their
 //! in-flight load, the picker with its prefix index, flow control, each
-//! worker's connections, and one scraper per replica.
+//! worker's connections, its TLS to `https://` replicas, and one scraper
+//! per replica.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
@@ -16,6 +18,7 @@ use crate::admit::{Admission, OwnedPick};
 use crate::request::InferenceRequest;
 use crate::server::WorkerId;
 use crate::telemetry::{Metrics, PoolMetrics};
+use crate::tls::client::PoolTls;
 use crate::upstream::Connections;
 use crate::upstream::connections::Settings;
 
@@ -30,6 +33,9 @@ pub struct Runtime {
     /// One connection pool per worker thread: a connection is only used by
     /// the thread that drives it.
     connections: Vec<Connections>,
+    /// TLS to the `https://` replicas, for every worker's connections and
+    /// the scrapers; replaced when a generation changes it.
+    tls: Arc<ArcSwapOption<PoolTls>>,
     members: Mutex<Members>,
     dispatcher: JoinHandle<()>,
 }
@@ -58,6 +64,11 @@ impl Runtime {
     ) -> Arc<Self> {
         let picker = Arc::new(picker::Picker::new(picker_config(spec), Vec::new()));
         let admission = Admission::new(Arc::clone(&picker), metrics.pick_duration(&spec.name));
+        let tls: Arc<ArcSwapOption<PoolTls>> = Arc::default();
+        let settings = Settings {
+            tls: Arc::clone(&tls),
+            ..Settings::new(spec.protocol, connect_timeout)
+        };
         Arc::new(Self {
             name: Arc::from(spec.name.as_str()),
             protocol: spec.protocol,
@@ -65,8 +76,9 @@ impl Runtime {
             admission,
             picker,
             connections: (0..workers.max(1))
-                .map(|_| Connections::new(Settings::new(spec.protocol, connect_timeout)))
+                .map(|_| Connections::new(settings.clone()))
                 .collect(),
+            tls,
             members: Mutex::default(),
         })
     }
@@ -116,13 +128,16 @@ impl Runtime {
     }
 
     /// Apply one generation's settings of this pool: the picker's
-    /// configuration, and the membership `addrs`.
+    /// configuration, TLS to its replicas (built by the caller, who can
+    /// still refuse the generation when that fails), and the membership
+    /// `addrs`.
     pub fn configure(
         &self,
         spec: &config::Pool,
         addrs: &[String],
         metrics: &Metrics,
         connect_timeout: Duration,
+        tls: Option<PoolTls>,
     ) {
         self.picker.set_config(picker_config(spec));
         let m = &spec.scheduling.metrics;
@@ -131,7 +146,24 @@ impl Runtime {
             interval: m.interval(),
             timeout: m.timeout(),
         };
-        self.reconcile(addrs, scrape, metrics, connect_timeout);
+        let tls_changed = self.set_tls(tls);
+        self.reconcile(addrs, scrape, metrics, connect_timeout, tls_changed);
+    }
+
+    /// Put `tls` in force unless the same settings and files already are;
+    /// whether it changed. Connections opened under the old settings are
+    /// not reused from now on (see `upstream::connections`).
+    fn set_tls(&self, tls: Option<PoolTls>) -> bool {
+        let current = self.tls.load();
+        let same = match (current.as_deref(), &tls) {
+            (None, None) => true,
+            (Some(old), Some(new)) => old.same_as(new),
+            _ => false,
+        };
+        if !same {
+            self.tls.store(tls.map(Arc::new));
+        }
+        !same
     }
 
     /// The one way membership changes. A replica that stays keeps its
@@ -139,16 +171,18 @@ impl Runtime {
     /// id and a scraper; a leaver is no longer picked, its scraper stops,
     /// and its requests in flight run to their end (they hold its
     /// endpoint), after which its idle connections expire.
+    /// Scrapers restart when how they scrape changes, TLS included.
     pub fn reconcile(
         &self,
         addrs: &[String],
         scrape: signals::ScrapeConfig,
         metrics: &Metrics,
         connect_timeout: Duration,
+        tls_changed: bool,
     ) {
         let mut members = self.members.lock();
         let old = self.picker.endpoints();
-        if members.scrape.as_ref() != Some(&scrape) {
+        if members.scrape.as_ref() != Some(&scrape) || tls_changed {
             members.scrapers.clear();
             members.scrape = Some(scrape);
         }
@@ -172,7 +206,10 @@ impl Runtime {
             .retain(|addr, _| endpoints.iter().any(|e| e.addr == *addr));
         // Below the scrape timeout, so a replica that never answers the
         // handshake shows as unreachable rather than slow.
-        let client = signals::ScrapeClient::new(scrape.timeout.min(connect_timeout));
+        let mut client = signals::ScrapeClient::new(scrape.timeout.min(connect_timeout));
+        if let Some(tls) = self.tls.load_full() {
+            client = client.with_tls(tls.scrape());
+        }
         for e in &endpoints {
             if members.scrapers.contains_key(&e.addr) {
                 continue;

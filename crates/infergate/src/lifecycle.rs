@@ -88,6 +88,18 @@ pub async fn changed(watch: &mut Option<FileWatch>) {
     }
 }
 
+/// The checks of a document beyond the config crate's own, the same for
+/// `check`, `serve` and a reload: what the simulator would refuse, and
+/// the TLS files (certificates, keys, CAs) as they are now.
+pub fn problems(
+    config: &config::InferenceGatewayConfig,
+    unreadable: &config::Unreadable,
+) -> Vec<config::Problem> {
+    let mut problems = crate::simulated::problems(config, unreadable);
+    problems.extend(gateway::tls::problems(config));
+    problems
+}
+
 /// Read the config file again and put it in force. A file that does not
 /// load, validate or apply is logged and changes nothing. `why`: what
 /// asked for the reload, for the log.
@@ -103,7 +115,7 @@ pub async fn reload(
         return;
     };
     let loaded = async {
-        let mut config = config::load_file_with(path, crate::simulated::problems)?;
+        let mut config = config::load_file_with(path, problems)?;
         overrides.apply(&mut config);
         let mut config = config::validated(config)?;
         let prepared = fleets.prepare(&mut config).await?;

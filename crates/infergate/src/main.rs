@@ -137,7 +137,7 @@ fn main() -> ExitCode {
 }
 
 fn check(path: &std::path::Path) -> ExitCode {
-    match config::load_file_with(path, simulated::problems) {
+    match config::load_file_with(path, lifecycle::problems) {
         Ok(_) => {
             println!("{}: valid", path.display());
             ExitCode::SUCCESS
@@ -162,7 +162,7 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let demo = path.is_none();
     let mut config = match &path {
-        Some(p) => config::load_file_with(p, simulated::problems)?,
+        Some(p) => config::load_file_with(p, lifecycle::problems)?,
         None => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),
     };
     let overrides = Overrides {

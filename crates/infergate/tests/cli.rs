@@ -151,6 +151,45 @@ fn check_reports_unreadable_files() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent.yaml"));
 }
 
+/// Certificate, key and CA files are read by `check` as `serve` reads
+/// them, and refused by both in the same words.
+#[test]
+fn check_and_serve_refuse_unusable_tls_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("tls.key");
+    std::fs::write(&key, "not a key").unwrap();
+    let yaml = format!(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners:\n    - name: public\n      address: \"127.0.0.1:0\"\n      tls: {{certFile: /nonexistent/tls.crt, keyFile: {key}}}\n  pools:\n    - {{name: a, models: [m], endpoints: [\"https://127.0.0.1:1\"], tls: {{caFile: /nonexistent/ca.crt}}}}\n",
+        key = key.display()
+    );
+    let (code, stderr) = check(&yaml);
+    assert_eq!(code, Some(1), "{stderr}");
+    let expected = [
+        "spec.listeners[0].tls.certFile: cannot read \"/nonexistent/tls.crt\": No such file or directory",
+        &format!(
+            "spec.listeners[0].tls.keyFile: {:?} holds no PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC)",
+            key.display().to_string()
+        ),
+        "spec.pools[0].tls.caFile: cannot read \"/nonexistent/ca.crt\": No such file or directory",
+    ];
+    for line in expected {
+        assert!(stderr.contains(line), "{line:?} missing from:\n{stderr}");
+    }
+    assert!(stderr.contains("invalid, 3 problems"), "{stderr}");
+
+    let cfg = write_config(&yaml);
+    let out = infergate()
+        .args(["serve", "--config"])
+        .arg(cfg.path())
+        .output()
+        .unwrap();
+    let served = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{served}");
+    for line in expected {
+        assert!(served.contains(line), "{line:?} missing from:\n{served}");
+    }
+}
+
 #[test]
 fn help_describes_every_subcommand() {
     let out = infergate().arg("--help").output().unwrap();

@@ -5,10 +5,12 @@
 //! a fresh [`picker::Observation`] in the replica's [`picker::Endpoint`],
 //! and the picker judges it with [`health()`].
 
+pub mod address;
 pub mod dialect;
 pub mod prom;
 pub mod scrape;
 
+pub use address::{Scheme, endpoint_scheme};
 pub use dialect::{Dialect, UnknownDialect};
 // The health rule lives in `picker`, next to the `Observation` it judges
 // (the picker filters on it and cannot depend on this crate); re-exported
@@ -16,6 +18,6 @@ pub use dialect::{Dialect, UnknownDialect};
 pub use picker::{Health, health};
 pub use prom::ParseError;
 pub use scrape::{
-    ScrapeClient, ScrapeConfig, ScrapeError, ScrapeReport, Scraper, spawn_reporting_scraper,
-    spawn_scraper,
+    ScrapeClient, ScrapeConfig, ScrapeError, ScrapeReport, ScrapeTls, Scraper,
+    spawn_reporting_scraper, spawn_scraper,
 };

@@ -9,22 +9,16 @@ use std::time::Duration;
 use picker::Weights;
 use signals::Dialect;
 
+mod problems;
 mod security;
+mod tls;
 
 use crate::defaults;
 use crate::problem::{Problem, Unreadable};
+// Where the checks of every part put what they find; a module of its own
+// so that the parts, which the checks here call, need nothing back.
 use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
-
-struct Problems(Vec<Problem>);
-
-impl Problems {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-}
+use problems::Problems;
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
@@ -136,6 +130,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
 
     check_telemetry(&mut p, &spec.telemetry);
     security::check(&mut p, spec);
+    tls::check(&mut p, spec, unreadable);
 
     if spec.pools.is_empty() {
         p.add("spec.pools", "at least one pool is required");

@@ -15,6 +15,7 @@ use crate::limits::{Limiter, Store};
 use crate::pool::{Pool, Runtime};
 use crate::routes::ModelTable;
 use crate::telemetry::Metrics;
+use crate::tls::{self, client::PoolTls};
 use crate::upstream::TrustedProxies;
 
 pub struct Generation {
@@ -130,15 +131,27 @@ impl Runtimes {
         }
         // First: the only step here that can fail, before anything changes.
         let limit_store = Store::for_config(&spec.rate_limits, self.limit_store.as_ref())?;
+        // Everything that can fail is done before any pool changes: a
+        // generation that cannot be built leaves the one in force alone.
+        let mut tls = Vec::with_capacity(spec.pools.len());
+        for p in &spec.pools {
+            tls.push(PoolTls::for_pool(p).map_err(|problems| {
+                anyhow::anyhow!(
+                    "pool {:?}: TLS: {}",
+                    p.name,
+                    tls::FileProblem::joined(&problems)
+                )
+            })?);
+        }
         let connect_timeout = spec.timeouts.connect();
         let mut by_name = HashMap::with_capacity(spec.pools.len());
         let mut pools = Vec::with_capacity(spec.pools.len());
-        for p in &spec.pools {
+        for (p, tls) in spec.pools.iter().zip(tls) {
             let runtime = match self.by_name.remove(&p.name) {
                 Some(r) if r.fits(p) => r,
                 _ => Runtime::new(p, connect_timeout, metrics, self.workers),
             };
-            runtime.configure(p, &p.endpoints, metrics, connect_timeout);
+            runtime.configure(p, &p.endpoints, metrics, connect_timeout, tls);
             let pool_metrics =
                 metrics.pool(p, runtime.picker(), Arc::clone(runtime.admission()) as _);
             by_name.insert(p.name.clone(), Arc::clone(&runtime));

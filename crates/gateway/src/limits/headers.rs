@@ -5,8 +5,14 @@
 
 use http::{HeaderMap, HeaderValue};
 
-use super::Kind;
 use super::gcra::Verdict;
+
+/// What a limit counts, and so which family of headers reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Requests,
+    Tokens,
+}
 
 /// One family's values.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -23,7 +23,7 @@ use config::{LimitBackend, OnBackendError, RateLimit, RateLimits};
 
 use crate::error::ApiError;
 use gcra::{Cell, Verdict};
-pub use headers::RateHeaders;
+pub use headers::{Kind, RateHeaders};
 use local::LocalStore;
 use redis::RedisStore;
 pub use redis::redacted;
@@ -75,12 +75,6 @@ impl Store {
             Store::Redis(s) => s.adjust(keys, cells, deltas),
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Requests,
-    Tokens,
 }
 
 /// One limit on one scope.

@@ -19,7 +19,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -35,7 +34,7 @@ use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use super::request::{Request, WorkerId};
+use super::request::{Client, Request, WorkerId};
 use super::streams::Streams;
 use crate::body::ResponseBody;
 use crate::error::ApiError;
@@ -84,11 +83,11 @@ impl Timeouts {
     }
 }
 
-/// Serve requests on `io` from `peer` with `handler` until the client
+/// Serve requests on `io` from `client` with `handler` until the client
 /// closes the connection, a timeout closes it, or draining ends it.
 pub async fn serve<I, H, F>(
     io: I,
-    peer: SocketAddr,
+    client: impl Into<Client>,
     handler: H,
     worker: WorkerId,
     watch: Watch,
@@ -98,6 +97,8 @@ pub async fn serve<I, H, F>(
     H: Fn(WorkerId, Request) -> F + Send + Sync + 'static,
     F: Future<Output = Response<ResponseBody>> + Send + 'static,
 {
+    let client: Client = client.into();
+    let peer = client.peer;
     let streams = Arc::new(Streams::<ResponseBody>::default());
     let counted = Arc::clone(&streams);
     let service = service_fn(move |req: http::Request<Incoming>| {
@@ -113,6 +114,8 @@ pub async fn serve<I, H, F>(
                 headers: parts.headers,
                 body,
                 peer,
+                tls: client.tls,
+                client_cert: client.certificate.clone(),
             },
         );
         async move {

@@ -1,6 +1,9 @@
 //! Listeners: accept connections, hand each to a worker, which serves it
 //! with hyper ([`connection`]: HTTP/1.1 and h2c, with the timeouts hyper
-//! leaves to its user), and drain them on shutdown.
+//! leaves to its user), and drain them on shutdown. On a TLS listener the
+//! worker shakes hands first ([`crate::tls::server`]), within the header
+//! timeout, and then serves the connection the same way (HTTP/2 when the
+//! client chose `h2` by ALPN).
 //!
 //! Connections are served by [`Workers`]: one single-threaded runtime per
 //! core, each serving its connections from start to end, with its own
@@ -25,10 +28,11 @@ use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 
 use crate::body::ResponseBody;
-use crate::shutdown::Drain;
+use crate::shutdown::{Drain, Watch};
+use crate::tls::server::Acceptor;
 
 pub use connection::Timeouts;
-pub use request::{Request, WorkerId};
+pub use request::{Client, Request, WorkerId};
 
 /// The data plane's threads. Dropping this ends them, closing any
 /// connection still open on them.
@@ -120,7 +124,8 @@ const TICK: std::time::Duration = std::time::Duration::from_secs(1);
 /// accepting; open connections finish through `drain`. Accepting
 /// runs on the caller's runtime; each connection is handed to a worker.
 /// A connection holds one of `slots` while it is open; with none free,
-/// accepting waits.
+/// accepting waits. With `tls`, connections are TLS.
+#[allow(clippy::too_many_arguments)]
 pub fn serve<H, F>(
     listener: TcpListener,
     workers: Arc<Workers>,
@@ -129,6 +134,7 @@ pub fn serve<H, F>(
     drain: Arc<Drain>,
     timeouts: Timeouts,
     slots: ConnectionSlots,
+    tls: Option<Arc<Acceptor>>,
 ) -> tokio::task::JoinHandle<()>
 where
     H: Fn(WorkerId, Request) -> F + Clone + Send + Sync + 'static,
@@ -189,12 +195,58 @@ where
             // connection's task first runs still waits for it.
             let watch = drain.watch();
             let handler = handler.clone();
+            let tls = tls.clone();
             runtime.spawn(async move {
                 let _slot = slot;
-                connection::serve(stream, peer, handler, worker, watch, timeouts).await;
+                match tls {
+                    None => connection::serve(stream, peer, handler, worker, watch, timeouts).await,
+                    Some(tls) => {
+                        serve_tls(&tls, stream, peer, handler, worker, watch, timeouts).await;
+                    }
+                }
             });
         }
     })
+}
+
+/// Shake hands on `stream`, then serve it. The handshake and the first
+/// request's head share the header timeout, so a client that never
+/// finishes the handshake holds its slot no longer than one that sends
+/// nothing; a drain that starts meanwhile closes it.
+async fn serve_tls<H, F>(
+    tls: &Acceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    handler: H,
+    worker: WorkerId,
+    watch: Watch,
+    timeouts: Timeouts,
+) where
+    H: Fn(WorkerId, Request) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<ResponseBody>> + Send + 'static,
+{
+    let started = tokio::time::Instant::now();
+    let accepted = tokio::select! {
+        accepted = tls.accept(stream, timeouts.header) => accepted,
+        () = watch.draining() => return,
+    };
+    let accepted = match accepted {
+        Ok(accepted) => accepted,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "TLS handshake failed; closing");
+            return;
+        }
+    };
+    let client = Client {
+        peer,
+        tls: true,
+        certificate: accepted.client_cert,
+    };
+    let timeouts = Timeouts {
+        header: timeouts.header.saturating_sub(started.elapsed()),
+        ..timeouts
+    };
+    connection::serve(accepted.stream, client, handler, worker, watch, timeouts).await;
 }
 
 /// How long accepting pauses after an error that is not one connection's,

@@ -15,6 +15,7 @@ use parking_lot::RwLock;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -66,7 +67,7 @@ struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReloadLabels {
+struct ConfigReloadLabels {
     /// `applied` or `refused`.
     result: &'static str,
 }
@@ -86,6 +87,17 @@ struct EndpointLabels {
 struct RefusedLabels {
     pool: Name,
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    listener: Name,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -113,7 +125,10 @@ struct Families {
     scrape_duration: HistogramFamily<EndpointLabels>,
     queue_wait: HistogramFamily<QueueLabels>,
     limit_backend_errors: Counter,
-    config_reloads: Family<ReloadLabels, Counter>,
+    config_reloads: Family<ConfigReloadLabels, Counter>,
+    tls_reloads: Family<ReloadLabels, Counter>,
+    tls_expiry: Family<ListenerLabels, Gauge>,
+    tls_handshake_failures: Family<ListenerLabels, Counter>,
 }
 
 impl Families {
@@ -137,6 +152,9 @@ impl Families {
             queue_wait: Family::new_with_constructor(latency_histogram),
             limit_backend_errors: Counter::default(),
             config_reloads: Family::default(),
+            tls_reloads: Family::default(),
+            tls_expiry: Family::default(),
+            tls_handshake_failures: Family::default(),
         };
         registry.register(
             "infergate_config_reloads",
@@ -218,6 +236,21 @@ impl Families {
             "Time admitted requests waited in flow control (0 when a replica had room at once)",
             f.queue_wait.clone(),
         );
+        registry.register(
+            "infergate_tls_certificate_reloads",
+            "Changes of a TLS listener's certificate, key or client CA files, by whether the new files were put in force (loaded) or refused and the old ones kept (failed)",
+            f.tls_reloads.clone(),
+        );
+        registry.register(
+            "infergate_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate a TLS listener serves expires (notAfter), in seconds since the Unix epoch",
+            f.tls_expiry.clone(),
+        );
+        registry.register(
+            "infergate_tls_handshake_failures",
+            "TLS handshakes with clients that failed (no shared version or cipher, a refused client certificate, a client gone mid-handshake)",
+            f.tls_handshake_failures.clone(),
+        );
         f
     }
 }
@@ -263,7 +296,7 @@ impl Metrics {
         let result = if applied { "applied" } else { "refused" };
         self.families
             .config_reloads
-            .get_or_create(&ReloadLabels { result })
+            .get_or_create(&ConfigReloadLabels { result })
             .inc();
     }
 
@@ -280,6 +313,29 @@ impl Metrics {
                 pool: Name::new(name.to_owned()),
             })
             .clone()
+    }
+
+    /// Handles of a TLS listener's certificates and handshakes.
+    pub fn listener_tls(&self, listener: &str) -> ListenerTlsMetrics {
+        let f = &self.families;
+        let name = Name::new(listener.to_owned());
+        let reloads = |outcome| {
+            f.tls_reloads
+                .get_or_create(&ReloadLabels {
+                    listener: name.clone(),
+                    outcome,
+                })
+                .clone()
+        };
+        let labels = ListenerLabels {
+            listener: name.clone(),
+        };
+        ListenerTlsMetrics {
+            loaded: reloads("loaded"),
+            failed: reloads("failed"),
+            expiry: f.tls_expiry.get_or_create(&labels).clone(),
+            handshake_failures: f.tls_handshake_failures.get_or_create(&labels).clone(),
+        }
     }
 
     /// Handles of one replica of pool `pool`.
@@ -389,6 +445,18 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         out
     }
+}
+
+/// A TLS listener's handles.
+#[derive(Clone, Default)]
+pub struct ListenerTlsMetrics {
+    /// New files put in force.
+    pub loaded: Counter,
+    /// New files refused; the old ones stay.
+    pub failed: Counter,
+    /// The served certificate's notAfter, Unix seconds.
+    pub expiry: Gauge,
+    pub handshake_failures: Counter,
 }
 
 /// A pool's handles, resolved at startup.

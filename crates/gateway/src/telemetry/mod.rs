@@ -29,6 +29,8 @@ pub mod trace_context;
 
 pub use gauges::FlowGauges;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
-pub use metrics::{EndpointMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason};
+pub use metrics::{
+    EndpointMetrics, ListenerTlsMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason,
+};
 pub(crate) use spans::stage_span;
 pub use spans::{SPAN_TARGET, request_span};

@@ -36,13 +36,22 @@
 //! - Sockets get `TCP_NODELAY` (without it small SSE events wait ~40 ms for
 //!   Nagle against delayed ACKs), TCP keep-alive probes, and the configured
 //!   connect timeout. A response head over [`HEAD_LIMIT`] is an error.
+//! - **TLS**: a replica written `https://host:port` is reached over TLS
+//!   with the pool's settings ([`PoolTls`]), the handshake within the
+//!   connect timeout too. A failed handshake sent nothing, so another
+//!   replica may be tried; it does not make the replica unreachable (its
+//!   network is fine, its certificate is not). Each connection remembers
+//!   the settings it was opened under, and one opened under settings a
+//!   reload has since replaced is not reused.
 
 use std::collections::{HashMap, VecDeque};
+use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared as SharedFuture};
@@ -52,12 +61,14 @@ use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::outgoing::{InvalidTarget, Outgoing};
 use crate::error::BoxError;
 use crate::headers::HEAD_LIMIT;
+use crate::tls::client::PoolTls;
 
 type SendRequest1 = http1::SendRequest<Full<Bytes>>;
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
@@ -67,7 +78,10 @@ type Outbound = http::Request<Full<Bytes>>;
 const MAX_HEADERS: usize = 100;
 
 /// An h2c connection being opened, awaited by every request that needs it.
-type Opening = SharedFuture<BoxFuture<'static, Result<SendRequest2, Arc<Error>>>>;
+type Opening = SharedFuture<BoxFuture<'static, Result<(SendRequest2, TlsId), Arc<Error>>>>;
+
+/// The [`PoolTls::id`] a connection was opened under; 0 for plain TCP.
+type TlsId = u64;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -77,6 +91,9 @@ pub struct Settings {
     pub idle_timeout: Duration,
     /// Idle time before the kernel sends TCP keep-alive probes.
     pub keepalive: Duration,
+    /// TLS for `https://` replicas, shared by every worker's connections
+    /// to the pool, and replaced when a reload changes it.
+    pub tls: Arc<ArcSwapOption<PoolTls>>,
 }
 
 impl Settings {
@@ -93,7 +110,14 @@ impl Settings {
             connect_timeout,
             idle_timeout: Self::IDLE_TIMEOUT,
             keepalive: Duration::from_secs(60),
+            tls: Arc::default(),
         }
+    }
+
+    /// Whether a connection opened under `tls` may still be used: plain
+    /// ones always, TLS ones while their settings are in force.
+    fn current(&self, tls: TlsId) -> bool {
+        tls == 0 || self.tls.load().as_ref().is_some_and(|t| t.id == tls)
     }
 }
 
@@ -133,6 +157,7 @@ struct Idle<C> {
     conn: C,
     /// Since when it has been idle (HTTP/1.1) or last used (h2c).
     since: Instant,
+    tls: TlsId,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +171,11 @@ pub enum Error {
     ConnectTimeout { addr: String, timeout: Duration },
     #[error("HTTP/2 handshake with {addr} failed: {source}")]
     Handshake { addr: String, source: hyper::Error },
+    /// The TLS handshake failed (or took longer than the connect timeout):
+    /// nothing was sent. The replica is reachable; its certificate, or
+    /// ours, is not accepted.
+    #[error("TLS handshake with {addr} failed: {source}")]
+    Tls { addr: String, source: io::Error },
     /// Opening the h2c connection this request waited for failed.
     #[error(transparent)]
     Opening(Arc<Error>),
@@ -166,7 +196,9 @@ impl Error {
         match self {
             Error::Opening(e) => e.is_connect(),
             Error::Connect { .. } | Error::ConnectTimeout { .. } | Error::Handshake { .. } => true,
-            Error::InvalidTarget(_) | Error::Unsent(_) | Error::Sent(_) => false,
+            Error::Tls { .. } | Error::InvalidTarget(_) | Error::Unsent(_) | Error::Sent(_) => {
+                false
+            }
         }
     }
 
@@ -234,7 +266,7 @@ impl Connections {
         replica: usize,
     ) -> Result<Response, (Error, Option<Outbound>)> {
         let sent = match conn {
-            Conn::H1(mut sender) => {
+            Conn::H1(mut sender, tls) => {
                 // A connection whose last response just ended may need a
                 // moment to be ready again; one that closed never will.
                 if let Err(e) = sender.ready().await {
@@ -243,6 +275,7 @@ impl Connections {
                 let reuse = Reuse {
                     shared: Arc::clone(&self.shared),
                     replica,
+                    tls,
                 };
                 sender
                     .try_send_request(outbound)
@@ -293,21 +326,24 @@ impl Connections {
 
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
         match self.shared.settings.protocol {
-            config::Protocol::Http1 => open_h1(&self.shared.settings, addr).await.map(Conn::H1),
+            config::Protocol::Http1 => open_h1(&self.shared.settings, addr)
+                .await
+                .map(|(sender, tls)| Conn::H1(sender, tls)),
             config::Protocol::H2c => self
                 .shared
                 .opening(addr, replica)
                 .await
-                .map(Conn::H2)
+                .map(|(sender, _)| Conn::H2(sender))
                 .map_err(Error::Opening),
         }
     }
 }
 
-/// A TCP connection to `addr`, with the socket options every connection
-/// gets.
+/// A TCP connection to the replica at `addr` (`host:port` or
+/// `https://host:port`), with the socket options every connection gets.
 async fn tcp(settings: &Settings, addr: &str) -> Result<TcpStream, Error> {
-    let stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(addr))
+    let host_port = config::endpoint_scheme(addr).1;
+    let stream = tokio::time::timeout(settings.connect_timeout, TcpStream::connect(host_port))
         .await
         .map_err(|_| Error::ConnectTimeout {
             addr: addr.to_owned(),
@@ -324,13 +360,55 @@ async fn tcp(settings: &Settings, addr: &str) -> Result<TcpStream, Error> {
     Ok(stream)
 }
 
-/// An HTTP/1.1 connection to `addr`, its task running.
-async fn open_h1(settings: &Settings, addr: &str) -> Result<SendRequest1, Error> {
+/// A connection to the replica at `addr`: TCP, and TLS over it for an
+/// `https://` replica.
+enum Dialled {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>, TlsId),
+}
+
+async fn dial(settings: &Settings, addr: &str) -> Result<Dialled, Error> {
+    let (scheme, host_port) = config::endpoint_scheme(addr);
     let stream = tcp(settings, addr).await?;
+    if scheme == config::Scheme::Http {
+        return Ok(Dialled::Plain(stream));
+    }
+    let failed = |source| Error::Tls {
+        addr: addr.to_owned(),
+        source,
+    };
+    let Some(tls) = settings.tls.load_full() else {
+        return Err(failed(io::Error::other("the pool has no TLS settings")));
+    };
+    let timeout = settings.connect_timeout;
+    let shaken = tokio::time::timeout(timeout, tls.connect(host_port, stream))
+        .await
+        .map_err(|_| {
+            failed(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no handshake within {timeout:?}"),
+            ))
+        })?
+        .map_err(failed)?;
+    Ok(Dialled::Tls(Box::new(shaken), tls.id))
+}
+
+/// An HTTP/1.1 connection to `addr`, its task running.
+async fn open_h1(settings: &Settings, addr: &str) -> Result<(SendRequest1, TlsId), Error> {
+    match dial(settings, addr).await? {
+        Dialled::Plain(stream) => Ok((handshake_h1(addr, stream).await?, 0)),
+        Dialled::Tls(stream, tls) => Ok((handshake_h1(addr, stream).await?, tls)),
+    }
+}
+
+async fn handshake_h1<I>(addr: &str, io: I) -> Result<SendRequest1, Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) = http1::Builder::new()
         .max_header_size(HEAD_LIMIT)
         .max_headers(MAX_HEADERS)
-        .handshake(TokioIo::new(stream))
+        .handshake(TokioIo::new(io))
         .await
         .map_err(|source| Error::Handshake {
             addr: addr.to_owned(),
@@ -340,10 +418,19 @@ async fn open_h1(settings: &Settings, addr: &str) -> Result<SendRequest1, Error>
     Ok(sender)
 }
 
-/// An h2c connection to `addr`, its task running.
-async fn open_h2(settings: &Settings, addr: &str) -> Result<SendRequest2, Error> {
-    let stream = tcp(settings, addr).await?;
-    let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+/// An HTTP/2 connection to `addr` (h2c, or h2 over TLS), its task running.
+async fn open_h2(settings: &Settings, addr: &str) -> Result<(SendRequest2, TlsId), Error> {
+    match dial(settings, addr).await? {
+        Dialled::Plain(stream) => Ok((handshake_h2(addr, stream).await?, 0)),
+        Dialled::Tls(stream, tls) => Ok((handshake_h2(addr, stream).await?, tls)),
+    }
+}
+
+async fn handshake_h2<I>(addr: &str, io: I) -> Result<SendRequest2, Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(io))
         .await
         .map_err(|source| Error::Handshake {
             addr: addr.to_owned(),
@@ -363,7 +450,7 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
 
 /// A connection taken for one request.
 enum Conn {
-    H1(SendRequest1),
+    H1(SendRequest1, TlsId),
     H2(SendRequest2),
 }
 
@@ -386,8 +473,8 @@ impl Shared {
             config::Protocol::Http1 => loop {
                 match r.idle.pop_back() {
                     Some(idle) => {
-                        if !idle.conn.is_closed() {
-                            break Some(Conn::H1(idle.conn));
+                        if !idle.conn.is_closed() && self.settings.current(idle.tls) {
+                            break Some(Conn::H1(idle.conn, idle.tls));
                         }
                     }
                     None => break None,
@@ -395,7 +482,7 @@ impl Shared {
             },
             config::Protocol::H2c => loop {
                 match r.shared.last_mut() {
-                    Some(last) if last.conn.is_ready() => {
+                    Some(last) if last.conn.is_ready() && self.settings.current(last.tls) => {
                         last.since = Instant::now();
                         break Some(Conn::H2(last.conn.clone()));
                     }
@@ -422,8 +509,8 @@ impl Shared {
             let opened = open_h2(&settings, &addr).await;
             if let Some(pool) = pool.upgrade() {
                 pool.state.lock().replicas[replica].opening = None;
-                if let Ok(sender) = &opened {
-                    pool.share(replica, sender.clone());
+                if let Ok((sender, tls)) = &opened {
+                    pool.share(replica, sender.clone(), *tls);
                 }
             }
             opened.map_err(Arc::new)
@@ -434,23 +521,30 @@ impl Shared {
         opening
     }
 
-    fn share(self: &Arc<Self>, replica: usize, sender: SendRequest2) {
+    fn share(self: &Arc<Self>, replica: usize, sender: SendRequest2, tls: TlsId) {
         let now = Instant::now();
         let mut state = self.state.lock();
         state.replicas[replica].shared.push(Idle {
             conn: sender,
             since: now,
+            tls,
         });
         self.arm_reaper(&mut state, now);
     }
 
-    /// An HTTP/1.1 connection whose response was read to its end.
-    fn put_back(self: &Arc<Self>, replica: usize, conn: SendRequest1) {
+    /// An HTTP/1.1 connection whose response was read to its end; dropped
+    /// (closed) instead when its TLS settings were replaced meanwhile.
+    fn put_back(self: &Arc<Self>, replica: usize, conn: SendRequest1, tls: TlsId) {
+        if !self.settings.current(tls) {
+            return;
+        }
         let now = Instant::now();
         let mut state = self.state.lock();
-        state.replicas[replica]
-            .idle
-            .push_back(Idle { conn, since: now });
+        state.replicas[replica].idle.push_back(Idle {
+            conn,
+            since: now,
+            tls,
+        });
         self.arm_reaper(&mut state, now);
     }
 
@@ -485,7 +579,7 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
                 .front()
                 .is_some_and(|i| i.since + timeout <= now || i.conn.is_closed())
             {
-                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn)));
+                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn, i.tls)));
             }
             r.shared
                 .retain(|i| i.since + timeout > now && !i.conn.is_closed());
@@ -529,6 +623,7 @@ pub enum Body {
 pub struct Reuse {
     shared: Arc<Shared>,
     replica: usize,
+    tls: TlsId,
 }
 
 impl std::fmt::Debug for Body {
@@ -551,7 +646,7 @@ impl Body {
             && http_body::Body::is_end_stream(inner)
             && let Some((sender, reuse)) = conn.take()
         {
-            reuse.shared.put_back(reuse.replica, sender);
+            reuse.shared.put_back(reuse.replica, sender, reuse.tls);
         }
     }
 }
@@ -573,7 +668,7 @@ impl http_body::Body for Body {
                     // when it knows the length; else here.
                     None => {
                         if let Some((sender, reuse)) = conn.take() {
-                            reuse.shared.put_back(reuse.replica, sender);
+                            reuse.shared.put_back(reuse.replica, sender, reuse.tls);
                         }
                     }
                     Some(Ok(_)) => {}

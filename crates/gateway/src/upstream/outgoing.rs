@@ -60,30 +60,37 @@ impl Outgoing<'_> {
     }
 
     /// The HTTP/1.1 request for the replica at `addr`: the path alone on
-    /// the request line, `Host` the replica's address; hyper adds the
+    /// the request line, `Host` the replica's `host:port`; hyper adds the
     /// body's length.
     pub fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        let host_port = config::endpoint_scheme(addr).1;
         let mut req = Request::new(Full::new(self.body.clone()));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.path().parse::<Uri>().map_err(|_| InvalidTarget)?;
         let mut headers = self.header_map();
         headers.insert(
             header::HOST,
-            HeaderValue::from_str(addr).map_err(|_| InvalidTarget)?,
+            HeaderValue::from_str(host_port).map_err(|_| InvalidTarget)?,
         );
         *req.headers_mut() = headers;
         Ok(req)
     }
 
     /// The HTTP/2 request for the replica at `addr`: the whole URI, from
-    /// which hyper sends `:scheme` and `:authority`.
+    /// which hyper sends `:scheme` (`https` for an `https://` replica) and
+    /// `:authority`.
     pub fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        let (scheme, host_port) = config::endpoint_scheme(addr);
+        let scheme = match scheme {
+            config::Scheme::Http => "http",
+            config::Scheme::Https => "https",
+        };
         let mut req = Request::new(Full::new(self.body.clone()));
         *req.method_mut() = self.method.clone();
         *req.version_mut() = http::Version::HTTP_2;
         *req.uri_mut() = Uri::builder()
-            .scheme("http")
-            .authority(addr)
+            .scheme(scheme)
+            .authority(host_port)
             .path_and_query(self.path())
             .build()
             .map_err(|_| InvalidTarget)?;
@@ -175,6 +182,12 @@ mod tests {
         let req = outgoing.http2("10.0.0.1:8000").unwrap();
         assert_eq!(req.uri(), "http://10.0.0.1:8000/v1/chat/completions?x=1");
         assert_eq!(req.version(), http::Version::HTTP_2);
+        expected(&req, None);
+        // An https:// replica: the scheme is the URI's, never the Host's.
+        let req = outgoing.http1("https://10.0.0.1:8443").unwrap();
+        expected(&req, Some("10.0.0.1:8443"));
+        let req = outgoing.http2("https://10.0.0.1:8443").unwrap();
+        assert_eq!(req.uri(), "https://10.0.0.1:8443/v1/chat/completions?x=1");
         expected(&req, None);
     }
 

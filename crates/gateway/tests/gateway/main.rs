@@ -10,7 +10,9 @@
 //!   trace context, the dashboard;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
 //! - [`reload`]: a new config applied while requests run;
-//! - [`limits`]: rate limits, locally and shared through a real Redis.
+//! - [`limits`]: rate limits, locally and shared through a real Redis;
+//! - [`tls`]: TLS listeners, client certificates, certificate reloads and
+//!   `https://` replicas.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -26,3 +28,4 @@ mod proxy;
 mod reload;
 #[path = "../support/mod.rs"]
 mod support;
+mod tls;

@@ -7,6 +7,7 @@
 pub mod exposition;
 pub mod logs;
 pub mod redis;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -85,16 +86,42 @@ pub struct FakeReplica {
 impl FakeReplica {
     pub async fn start(name: &str, behaviour: Behaviour) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        Self::serve(listener, name, behaviour)
+        Self::serve(listener, name, behaviour, None)
     }
 
     /// Start on a given address (e.g. to bring a replica back).
     pub async fn start_at(addr: SocketAddr, name: &str, behaviour: Behaviour) -> Self {
         let listener = TcpListener::bind(addr).await.unwrap();
-        Self::serve(listener, name, behaviour)
+        Self::serve(listener, name, behaviour, None)
     }
 
-    fn serve(listener: TcpListener, name: &str, behaviour: Behaviour) -> Self {
+    /// Start behind TLS with `tls` (see [`tls::replica_config`]): HTTP/1.1
+    /// or HTTP/2, as the client chooses by ALPN.
+    pub async fn start_tls(
+        name: &str,
+        behaviour: Behaviour,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(
+            listener,
+            name,
+            behaviour,
+            Some(tokio_rustls::TlsAcceptor::from(tls)),
+        )
+    }
+
+    /// The replica's endpoint as a pool lists it: `https://` when behind TLS.
+    pub fn https(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        name: &str,
+        behaviour: Behaviour,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Self {
         let addr = listener.local_addr().unwrap();
         let received = Arc::new(Mutex::new(Vec::new()));
         let arrived = Arc::new(Notify::new());
@@ -123,14 +150,29 @@ impl FakeReplica {
                 let _ = stream.set_nodelay(true);
                 while connections.try_join_next().is_some() {}
                 let ctx = Arc::clone(&ctx);
+                let tls = tls.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |req| {
                         let ctx = Arc::clone(&ctx);
                         async move { Ok::<_, Infallible>(ctx.answer(req).await) }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => {
+                            builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await
+                        }
+                        Some(tls) => match tls.accept(stream).await {
+                            Ok(stream) => {
+                                builder
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await
+                            }
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });

@@ -1,5 +1,7 @@
 //! Fetching `/metrics`: each scraper keeps one HTTP/1.1 keep-alive
 //! connection to its replica, with `TCP_NODELAY` set, and caps the body.
+//! A replica written `https://host:port` is scraped over TLS, with the
+//! settings its pool gives ([`ScrapeTls`]).
 //!
 //! The connection is the scraper's own rather than one from a shared pool:
 //! a scraper sends one request at a time to one replica, so a pool has
@@ -15,9 +17,13 @@ use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 use super::ScrapeError;
+use crate::address::{self, Scheme};
 
 /// Largest `/metrics` body accepted. A vLLM replica with many LoRA
 /// adapters and histograms serves well under 1 MiB; anything far larger is
@@ -32,6 +38,25 @@ const ACCEPT_EXPOSITION: &str = "text/plain;version=0.0.4;q=1,*/*;q=0.1";
 #[derive(Debug, Clone)]
 pub struct ScrapeClient {
     connect_timeout: Duration,
+    tls: Option<ScrapeTls>,
+}
+
+/// How `https://` replicas are scraped: the pool's TLS client settings
+/// (roots, client certificate; ALPN `http/1.1`, the only protocol a
+/// scraper speaks), and the name their certificates must carry when it is
+/// not the host of the address.
+#[derive(Clone)]
+pub struct ScrapeTls {
+    pub connector: TlsConnector,
+    pub server_name: Option<ServerName<'static>>,
+}
+
+impl std::fmt::Debug for ScrapeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScrapeTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ScrapeClient {
@@ -40,23 +65,49 @@ impl ScrapeClient {
     /// never answers the handshake is reported as unreachable rather than
     /// merely slow.
     pub fn new(connect_timeout: Duration) -> Self {
-        Self { connect_timeout }
+        Self {
+            connect_timeout,
+            tls: None,
+        }
+    }
+
+    /// Scrape `https://` replicas with `tls`. The TLS handshake is bounded
+    /// by the connect timeout too.
+    pub fn with_tls(mut self, tls: ScrapeTls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// A connection to `uri`'s replica, opened at its first request.
-    pub(super) fn connection(&self, uri: &Uri) -> Connection {
+    pub(super) fn connection(&self, uri: &Uri) -> Result<Connection, ScrapeError> {
         let authority = uri
             .authority()
             .map_or_else(String::new, |a| a.as_str().to_owned());
-        Connection {
+        let tls = if uri.scheme_str() == Some("https") {
+            let Some(tls) = &self.tls else {
+                return Err(ScrapeError::Tls(
+                    "the replica is https:// but its pool has no TLS settings".to_owned(),
+                ));
+            };
+            let name = match &tls.server_name {
+                Some(name) => name.clone(),
+                None => ServerName::try_from(address::host(&authority).to_owned())
+                    .map_err(|_| ScrapeError::InvalidAddress(authority.clone()))?,
+            };
+            Some((tls.connector.clone(), name))
+        } else {
+            None
+        };
+        Ok(Connection {
             host: HeaderValue::from_str(&authority).ok(),
             authority,
             path: uri
                 .path_and_query()
                 .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
             connect_timeout: self.connect_timeout,
+            tls,
             sender: None,
-        }
+        })
     }
 }
 
@@ -68,6 +119,9 @@ pub(super) struct Connection {
     host: Option<HeaderValue>,
     path: String,
     connect_timeout: Duration,
+    /// For an `https://` replica: how to shake hands, and the name its
+    /// certificate must carry.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
     sender: Option<SendRequest<Empty<Bytes>>>,
 }
 
@@ -130,14 +184,24 @@ impl Connection {
         if let Err(err) = stream.set_nodelay(true) {
             tracing::trace!(endpoint = %self.authority, error = %err, "could not set TCP_NODELAY");
         }
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|err| ScrapeError::from_transport(&err, false))?;
-        // Ends when the sender is dropped or the replica closes the
-        // connection; its errors reach the request that sees them.
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let sender = match &self.tls {
+            None => handshake(stream).await?,
+            Some((connector, name)) => {
+                let shaken = tokio::time::timeout(
+                    self.connect_timeout,
+                    connector.connect(name.clone(), stream),
+                )
+                .await
+                .map_err(|_| {
+                    ScrapeError::Tls(format!(
+                        "no TLS handshake within {:?}",
+                        self.connect_timeout
+                    ))
+                })?
+                .map_err(|err| ScrapeError::tls(&err))?;
+                handshake(shaken).await?
+            }
+        };
         tracing::trace!(endpoint = %self.authority, "scrape connection opened");
         Ok(sender)
     }
@@ -175,9 +239,31 @@ impl Connection {
     }
 }
 
-/// `http://{addr}/metrics`, checked once when the scraper starts.
+/// An HTTP/1.1 connection over `io`, its task running.
+async fn handshake<I>(io: I) -> Result<SendRequest<Empty<Bytes>>, ScrapeError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|err| ScrapeError::from_transport(&err, false))?;
+    // Ends when the sender is dropped or the replica closes the
+    // connection; its errors reach the request that sees them.
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// `http://{addr}/metrics` (or `https://` for an `https://` address),
+/// checked once when the scraper starts.
 pub(super) fn metrics_uri(addr: &str) -> Result<Uri, ScrapeError> {
-    format!("http://{addr}/metrics")
+    let (scheme, host_port) = address::endpoint_scheme(addr);
+    let scheme = match scheme {
+        Scheme::Http => "http",
+        Scheme::Https => "https",
+    };
+    format!("{scheme}://{host_port}/metrics")
         .parse::<Uri>()
         .ok()
         .filter(|uri| uri.host().is_some_and(|host| !host.is_empty()) && uri.path() == "/metrics")
@@ -206,7 +292,14 @@ mod tests {
 
     #[test]
     fn metrics_uri_rejects_non_addresses() {
-        for addr in ["", "a b:80", "host/path", "host:80/x", "http://host:80"] {
+        for addr in [
+            "",
+            "a b:80",
+            "host/path",
+            "host:80/x",
+            "http://host:80",
+            "https://",
+        ] {
             assert!(
                 matches!(metrics_uri(addr), Err(ScrapeError::InvalidAddress(_))),
                 "{addr:?}"
@@ -217,10 +310,27 @@ mod tests {
     #[test]
     fn a_connection_dials_the_authority_and_asks_for_the_path() {
         let client = ScrapeClient::new(Duration::from_secs(1));
-        let connection = client.connection(&metrics_uri("[::1]:8000").unwrap());
+        let connection = client
+            .connection(&metrics_uri("[::1]:8000").unwrap())
+            .unwrap();
         assert_eq!(connection.authority, "[::1]:8000");
         assert_eq!(connection.host.as_ref().unwrap(), "[::1]:8000");
         assert_eq!(connection.path, "/metrics");
+        assert!(connection.tls.is_none(), "plain HTTP");
         assert!(connection.sender.is_none(), "nothing opened before use");
+    }
+
+    #[test]
+    fn an_https_replica_is_dialled_by_its_host_port() {
+        assert_eq!(
+            metrics_uri("https://vllm-0.svc:8443").unwrap(),
+            "https://vllm-0.svc:8443/metrics"
+        );
+        let client = ScrapeClient::new(Duration::from_secs(1));
+        let refused = client.connection(&metrics_uri("https://vllm-0.svc:8443").unwrap());
+        assert!(
+            matches!(refused, Err(ScrapeError::Tls(_))),
+            "an https replica needs TLS settings"
+        );
     }
 }

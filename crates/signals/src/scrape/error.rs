@@ -28,6 +28,11 @@ pub enum ScrapeError {
     TooLarge(usize),
     #[error("not a Prometheus exposition: {0}")]
     Invalid(#[from] ParseError),
+    /// The TLS handshake failed (an untrusted certificate, a name that
+    /// does not match). The replica may well be up: it says nothing about
+    /// reachability, and requests to it fail the same way, with a 502.
+    #[error("TLS handshake failed: {0}")]
+    Tls(String),
 }
 
 impl ScrapeError {
@@ -44,6 +49,10 @@ impl ScrapeError {
             self,
             ScrapeError::Status(_) | ScrapeError::TooLarge(_) | ScrapeError::Invalid(_)
         )
+    }
+
+    pub(super) fn tls(err: &(dyn Error + 'static)) -> Self {
+        ScrapeError::Tls(describe(err))
     }
 
     /// Classify a transport error from the HTTP client. `connecting` is the

@@ -8,7 +8,7 @@ mod client;
 mod error;
 mod probe;
 
-pub use client::{MAX_BODY_BYTES, ScrapeClient};
+pub use client::{MAX_BODY_BYTES, ScrapeClient, ScrapeTls};
 pub use error::ScrapeError;
 
 use std::sync::Arc;
@@ -107,8 +107,8 @@ async fn run(
     on_scrape: impl Fn(&Endpoint, ScrapeReport),
 ) {
     let mut target = if cfg.dialect.has_metrics() {
-        match client::metrics_uri(&endpoint.addr) {
-            Ok(uri) => Some(client.connection(&uri)),
+        match client::metrics_uri(&endpoint.addr).and_then(|uri| client.connection(&uri)) {
+            Ok(connection) => Some(connection),
             Err(err) => {
                 tracing::error!(endpoint = %endpoint.addr, error = %err, "replica cannot be scraped");
                 record(&endpoint, Err(err), Instant::now());
@@ -147,7 +147,7 @@ async fn run(
                 }
                 scraped
             }
-            None => probe::connect(&endpoint.addr, cfg.timeout)
+            None => probe::connect(crate::endpoint_scheme(&endpoint.addr).1, cfg.timeout)
                 .await
                 .map(|()| EngineState::default()),
         };

@@ -1,5 +1,6 @@
 //! Reachability probe for replicas without metrics: a TCP connect, closed
-//! as soon as it succeeds.
+//! as soon as it succeeds (for an `https://` replica too: reachability is
+//! the network's, a TLS failure shows on the requests).
 
 use std::time::Duration;
 
