@@ -26,6 +26,7 @@ mod shutdown;
 mod state;
 mod stream_usage;
 pub mod telemetry;
+mod ui;
 mod upstream;
 
 use std::net::SocketAddr;
