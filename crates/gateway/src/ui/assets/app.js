@@ -554,6 +554,8 @@ function renderFeed(data) {
     document.getElementById("feed-hint"),
     `Sampled while this page is open: up to ${sampling.perSecond} requests a second, the last ${sampling.capacity} kept.`,
   );
+  // Sequence numbers start again when the gateway restarts.
+  if (data.next < feed.after) feed.after = 0;
   for (const d of data.decisions) {
     if (d.seq <= feed.after) continue;
     const node = feedRow(d);
