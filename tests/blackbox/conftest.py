@@ -1,6 +1,7 @@
 """Start the real `infergate` binary the way a user does: `infergate serve`
 with no config (the demo fleet), on free ports."""
 
+import contextlib
 import json
 import os
 import re
@@ -13,26 +14,29 @@ BINARY = os.environ.get("INFERGATE_BIN", "target/debug/infergate")
 
 
 class Gateway:
-    def __init__(self, proc, addr, admin, pools):
+    def __init__(self, proc, addr, admin, pools, page):
         self.proc = proc
         self.addr = addr
         self.admin = admin
         self.pools = pools  # pool name -> [replica addresses]
+        self.page = page  # the fleet page's URL, as the banner prints it
 
     @property
     def base_url(self):
         return f"http://{self.addr}/v1"
 
 
-@pytest.fixture(scope="session")
-def gateway():
+@contextlib.contextmanager
+def demo():
+    """A demo gateway of its own: `infergate serve` with no config, on free
+    ports, stopped when the block ends."""
     proc = subprocess.Popen(
         [BINARY, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    addr, admin, pools = None, None, {}
+    addr, admin, pools, page = None, None, {}, None
     timer = threading.Timer(60, proc.kill)  # never hang the suite
     timer.start()
     for line in proc.stdout:
@@ -42,16 +46,26 @@ def gateway():
             pools[m.group(1)] = [a.strip() for a in m.group(2).split(",")]
         elif m := re.match(r"\s+admin: http://([^/]+)/", line):
             admin = m.group(1)
+        elif m := re.match(r"\s+fleet page: (http://\S+)", line):
+            page = m.group(1)
         elif line.startswith("Press Ctrl-C"):
             break
     timer.cancel()
     assert addr, "the demo did not print its address"
-    yield Gateway(proc, addr, admin, pools)
-    proc.terminate()
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield Gateway(proc, addr, admin, pools, page)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    with demo() as gw:
+        yield gw
 
 
 class Served:
@@ -105,3 +119,11 @@ def serve(tmp_path):
     yield start
     for served in started:
         served.stop()
+
+
+@pytest.fixture(scope="module")
+def own_gateway():
+    """A demo gateway for one test module alone: for tests that stop its
+    replicas, which the other modules' shared gateway must keep."""
+    with demo() as gw:
+        yield gw

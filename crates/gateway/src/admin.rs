@@ -1,5 +1,5 @@
-//! The admin listener: health, readiness, Prometheus metrics and the state
-//! of every pool as the picker sees it.
+//! The admin listener: health, readiness, Prometheus metrics, the state
+//! of every pool as the picker sees it, and the fleet page (`ui/`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,6 +14,8 @@ use crate::pool::Pool;
 use crate::respond::{self, text};
 use crate::server::Request;
 use crate::state::State;
+use crate::telemetry::decisions::scorer_name;
+use crate::ui;
 
 /// The OpenMetrics text format; Prometheus reads it natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -30,7 +32,11 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
         }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
+        (&Method::GET, path) if ui::serves(path) => ui::get(&state, &req),
         (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config")) => {
+            ApiError::method_not_allowed(&req.method, path).into_response()
+        }
+        (_, path) if ui::serves(path) => {
             ApiError::method_not_allowed(&req.method, path).into_response()
         }
         (_, path) => ApiError::not_found(path).into_response(),
@@ -72,6 +78,7 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
     let runtime = pool.runtime();
     let cfg = runtime.picker().config();
     let typical = typical_scores(pool, now);
+    let prefix_index = runtime.picker().prefix_index();
     let endpoints: Vec<_> = runtime
         .picker()
         .endpoints()
@@ -90,6 +97,8 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "address": &*e.addr,
                 "reachable": e.is_reachable(),
                 "health": health.name(),
+                // As infergate_pool_ready_endpoints counts it.
+                "ready": e.is_reachable() && (health == picker::Health::Healthy || !cfg.policy.uses_signals()),
                 "stale": health != picker::Health::Healthy,
                 "lastGoodScrapeAgeMs": obs.last_good.map(|t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
                 "lastError": obs.last_error,
@@ -103,6 +112,7 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "inflightRequests": e.load.requests(),
                 "inflightTokens": e.load.tokens(),
                 "inflightUnanswered": e.load.unanswered(),
+                "prefixIndexBlocks": prefix_index.blocks_held(e.index),
                 // null: not a candidate for the typical request (unhealthy,
                 // stale, unreachable or saturated). Absent: the pool's
                 // policy does not score.
@@ -124,6 +134,10 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
         "name": &**pool.name(),
         "engine": pool.engine().as_str(),
         "policy": cfg.policy.name(),
+        "weights": picker::Scorer::ALL
+            .iter()
+            .map(|s| (scorer_name(*s), json!(s.weight(&cfg.weights))))
+            .collect::<serde_json::Map<_, _>>(),
         "ready": runtime.is_ready(now),
         "typicalRequest": {
             "description": "no adapter, no cached prefix, the default output length",
@@ -185,13 +199,7 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
 fn candidate_json(c: &picker::CandidateScore) -> Value {
     let parts: serde_json::Map<String, Value> = picker::Scorer::ALL
         .iter()
-        .map(|s| {
-            let name = serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_else(|| s.label().to_owned());
-            (name, json!(c.part(*s)))
-        })
+        .map(|s| (scorer_name(*s), json!(c.part(*s))))
         .collect();
     json!({"total": c.total, "parts": parts})
 }

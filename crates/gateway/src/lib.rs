@@ -28,6 +28,7 @@ mod state;
 mod stream_usage;
 pub mod telemetry;
 pub mod tls;
+mod ui;
 mod upstream;
 
 use std::net::SocketAddr;

@@ -110,6 +110,7 @@ async fn route(
             let (trace, traceparent) = trace_context::upstream(&req.headers, &span, sampling);
             let mut record = Record::new(request_id.clone(), start, span.clone());
             record.trace_id = Some(trace.trace_id);
+            record.feed = state.decisions.sample(start);
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
             let ids = Ids {
@@ -237,6 +238,7 @@ async fn infer(
     };
     // 8. pick happens inside admission (the dispatcher picks for waiters).
     let explain = generation.debug.decision_headers
+        || record.feed.is_some()
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
     let pick = pool
         .runtime()
@@ -315,6 +317,9 @@ async fn forward(
         pool.metrics().count_decision(decision);
         record.endpoint = Some(endpoint.addr.clone());
         record.decision = decision.top;
+        if let Some(feed) = &mut record.feed {
+            feed.picked(decision);
+        }
         tracing::debug!(target: DECISION_TARGET, pool = %name, endpoint = %endpoint.addr,
             scores = %decision.scores_header(SCORES_HEADER_LIMIT), "picked");
         if decision.fallback {

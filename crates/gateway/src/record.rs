@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
+use crate::telemetry::decisions::{Ended, Pending};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
@@ -51,6 +52,8 @@ pub struct Record {
     pub reservation: Option<Reservation>,
     /// Some of the request reached a replica, which may have worked on it.
     pub sent: bool,
+    /// Set when the fleet page's decision feed samples the request.
+    pub feed: Option<Pending>,
     /// The route's metric handles; set once the request reached routing.
     metrics: Option<Arc<RouteMetrics>>,
     span: tracing::Span,
@@ -83,6 +86,7 @@ impl Record {
             trace_id: None,
             reservation: None,
             sent: false,
+            feed: None,
             metrics: None,
             span,
             start,
@@ -230,6 +234,9 @@ impl Drop for Record {
                 m.count_refusal(reason);
             }
         }
+        if let Some(feed) = self.feed.take() {
+            feed.finish(self.ended(status, duration, usage));
+        }
         let span = &self.span;
         if !span.is_disabled() {
             span.record("http.response.status_code", status);
@@ -262,6 +269,31 @@ impl Drop for Record {
             trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
             error = self.error.as_deref(),
         );
+    }
+}
+
+impl Record {
+    /// What the decision feed keeps of the request when it ends.
+    fn ended(&self, status: u16, duration: Duration, usage: Usage) -> Ended<'_> {
+        Ended {
+            request_id: self.request_id.to_str().unwrap_or("-"),
+            tenant: self.tenant.as_deref(),
+            model: self.model.as_deref(),
+            pool: self.pool.as_ref(),
+            endpoint: self.endpoint.as_ref(),
+            status,
+            stream: self.stream,
+            band: self.priority,
+            queue_wait: self.queue_wait,
+            ttft: self.ttft,
+            duration,
+            retries: self.retries,
+            top: self.decision,
+            prompt_tokens: usage.prompt_tokens,
+            completion_tokens: usage.completion_tokens,
+            trace_id: self.trace_id,
+            error: self.error.as_deref(),
+        }
     }
 }
 

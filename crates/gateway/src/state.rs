@@ -10,12 +10,18 @@ use arc_swap::ArcSwap;
 use crate::generation::Generation;
 use crate::request_body::BodyBudget;
 use crate::telemetry::Metrics;
+use crate::telemetry::decisions::DecisionFeed;
+use crate::telemetry::traffic::Traffic;
 
 pub struct State {
     generation: ArcSwap<Generation>,
     pub metrics: Metrics,
     /// Request bodies held at once, across connections.
     pub body_budget: BodyBudget,
+    /// Recent routing decisions, recorded while the fleet page watches.
+    pub decisions: Arc<DecisionFeed>,
+    /// Snapshots of the request counters, taken while the page watches.
+    pub traffic: Traffic,
     shutting_down: AtomicBool,
     /// Where the config comes from, as `/debug/config` says it.
     pub config_source: parking_lot::Mutex<String>,
@@ -30,6 +36,8 @@ impl State {
                 limits.max_buffered_body_bytes(),
                 config::defaults::BODY_BUDGET_WAIT,
             ),
+            decisions: Arc::new(DecisionFeed::new()),
+            traffic: Traffic::new(tokio::time::Instant::now()),
             shutting_down: AtomicBool::new(false),
             config_source: parking_lot::Mutex::new("the embedding program".to_owned()),
         }

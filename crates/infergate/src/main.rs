@@ -250,6 +250,7 @@ fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatew
     }
     if let Some(admin) = gateway.admin_addr() {
         println!("  admin: http://{admin}/debug/pools");
+        println!("  fleet page: http://{admin}/");
     }
     println!();
     println!("Try it:");

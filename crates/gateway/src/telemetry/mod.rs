@@ -7,6 +7,8 @@
 //!   body as it streams through.
 //! - [`trace_context`]: the `traceparent` sent upstream.
 //! - [`panics`]: the panic hook, which logs without flooding.
+//! - [`decisions`] and [`traffic`]: recent routing decisions and each
+//!   pool's recent traffic, for the fleet page; kept only while watched.
 //! - [`logging`]: the subscriber (logs, access log, span export), set up
 //!   once by the binary; [`log_writer`] writes the lines out in batches,
 //!   [`otlp`] is the span exporter.
@@ -14,6 +16,7 @@
 //! The record stage (`record.rs`) is where a request's numbers are counted.
 
 mod access_log;
+pub mod decisions;
 mod gauges;
 mod labels;
 mod log_writer;
@@ -26,6 +29,7 @@ mod spans;
 #[cfg(test)]
 mod test_writer;
 pub mod trace_context;
+pub mod traffic;
 
 pub use gauges::FlowGauges;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};

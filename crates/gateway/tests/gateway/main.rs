@@ -8,6 +8,7 @@
 //! - [`flow`]: flow control, a pool driven into saturation;
 //! - [`observability`]: exact metrics, the access log, `/debug/pools`,
 //!   trace context, the dashboard;
+//! - [`fleet_page`]: the fleet page's files and the JSON it polls;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
 //! - [`reload`]: a new config applied while requests run;
 //! - [`limits`]: rate limits, locally and shared through a real Redis;
@@ -20,6 +21,7 @@
 //! descriptors) are in a binary of their own, `descriptors.rs`.
 
 mod attack;
+mod fleet_page;
 mod flow;
 mod limits;
 mod observability;
