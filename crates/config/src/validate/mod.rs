@@ -11,20 +11,12 @@ use signals::Dialect;
 
 mod security;
 
+pub(crate) use security::check_api_keys;
+pub use security::tenant_name;
+
 use crate::defaults;
-use crate::problem::{Problem, Unreadable};
+use crate::problem::{Problem, Problems, Unreadable};
 use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
-
-struct Problems(Vec<Problem>);
-
-impl Problems {
-    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-}
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
