@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use config::Priority;
 use parking_lot::Mutex;
-use picker::flow::Queue;
+use picker::flow::{FlowKey, Queue};
 use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
@@ -38,7 +38,7 @@ thread_local! {
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub band: Priority,
-    pub key: Arc<str>,
+    pub key: FlowKey,
     pub bytes: u64,
     max_wait: Duration,
     max_queued: usize,
@@ -80,6 +80,7 @@ impl Ticket {
             // allocation each.
             None => NO_KEY.with(Arc::clone),
         };
+        let key = FlowKey::plain(key);
         let limits = flow_control.band(band);
         Ok(Self {
             band,
@@ -304,7 +305,7 @@ impl Admission {
                 pick,
                 since: Instant::now(),
             };
-            let id = q.push(ticket.band, Arc::clone(&ticket.key), ticket.bytes, waiter);
+            let id = q.push(ticket.band, &ticket.key, ticket.bytes, waiter);
             self.waiting[ticket.band as usize].fetch_add(1, Ordering::Relaxed);
             id
         };
