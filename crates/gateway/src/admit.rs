@@ -21,6 +21,7 @@ use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
+use crate::auth::Identity;
 use crate::error::{ApiError, DropReason};
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
@@ -32,9 +33,10 @@ thread_local! {
     static NO_KEY: Arc<str> = Arc::from("");
 }
 
-/// A request's place in flow control: its band, its fairness key, the
-/// bytes it holds while waiting, and its band's limits as the request's
-/// generation of the config sets them.
+/// A request's place in flow control: its band, its fairness key (its
+/// tenant, and the client's key within it), the bytes it holds while
+/// waiting, and its band's limits as the request's generation of the
+/// config sets them.
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub band: Priority,
@@ -47,13 +49,16 @@ pub struct Ticket {
 
 impl Ticket {
     /// The band comes from the model's objective; the header may lower it,
-    /// and raise it only when the config allows.
+    /// and raise it only when the config allows; neither lifts it above
+    /// what the caller's tenant (and token) may use. The client's fairness
+    /// id only divides its own tenant's turns.
     pub fn from_request(
         headers: &http::HeaderMap,
         model: &str,
         objectives: &BTreeMap<String, Priority>,
         flow_control: &config::FlowControl,
         bytes: u64,
+        caller: &Identity,
     ) -> Result<Self, ApiError> {
         let configured = objectives.get(model).copied().unwrap_or_default();
         let band = match headers.get(PRIORITY_HEADER).map(|v| v.as_bytes()) {
@@ -74,13 +79,15 @@ impl Ticket {
                 }
             }
         };
+        // `Critical` is the least: the ceiling is the most urgent allowed.
+        let band = band.max(caller.max_priority());
         let key = match headers.get(FAIRNESS_HEADER).map(|v| v.as_bytes()) {
             Some(b) => Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)])),
             // Most requests carry no key: they share one, without an
             // allocation each.
             None => NO_KEY.with(Arc::clone),
         };
-        let key = FlowKey::plain(key);
+        let key = caller.flow_key(key);
         let limits = flow_control.band(band);
         Ok(Self {
             band,

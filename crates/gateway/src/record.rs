@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::error::ApiError;
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
-use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
+use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason};
 
 /// Status recorded when the client left before any response was produced
 /// (nginx's convention; no response carries it).
@@ -30,8 +30,11 @@ pub const CLIENT_CLOSED: u16 = 499;
 pub struct Record {
     /// Shares the bytes of the header it came from (or was sent back in).
     pub request_id: http::HeaderValue,
-    /// The authenticated caller, once authentication exists.
-    pub tenant: Option<String>,
+    /// The authenticated caller's tenant (anonymous when authentication
+    /// is off), once known.
+    pub tenant: Option<Arc<str>>,
+    /// Its `tenant` label on metrics.
+    tenant_label: Option<TenantLabel>,
     pub model: Option<String>,
     pub pool: Option<Arc<str>>,
     pub endpoint: Option<Arc<str>>,
@@ -66,6 +69,7 @@ impl Record {
         Self {
             request_id,
             tenant: None,
+            tenant_label: None,
             model: None,
             pool: None,
             endpoint: None,
@@ -87,6 +91,12 @@ impl Record {
             finished: false,
             error: None,
         }
+    }
+
+    /// Authentication found the caller's tenant.
+    pub fn identified(&mut self, tenant: Arc<str>, label: TenantLabel) {
+        self.tenant = Some(tenant);
+        self.tenant_label = Some(label);
     }
 
     /// The request reached routing; `metrics` are its route's handles (the
@@ -185,10 +195,15 @@ impl Drop for Record {
         }
         let usage = self.usage.unwrap_or_default();
         if let Some(m) = &self.metrics {
-            m.count_request(status);
+            // Routing comes after authentication: a routed request has a
+            // tenant.
+            let tenant = self
+                .tenant_label
+                .get_or_insert_with(|| TenantLabel::new(config::defaults::ANONYMOUS_TENANT));
+            m.count_request(tenant, status);
             m.observe_duration(duration);
             m.count_retries(self.retries);
-            m.count_tokens(usage.prompt_tokens, usage.completion_tokens);
+            m.count_tokens(tenant, usage.prompt_tokens, usage.completion_tokens);
             if let Some(reason) = self.refusal {
                 m.count_refusal(reason);
             }
@@ -197,6 +212,7 @@ impl Drop for Record {
         if !span.is_disabled() {
             span.record("http.response.status_code", status);
             span.record("gen_ai.request.model", self.model.as_deref());
+            span.record("infergate.tenant", self.tenant.as_deref());
             span.record("infergate.pool", self.pool.as_deref());
             span.record("infergate.endpoint", self.endpoint.as_deref());
             span.record("infergate.retries", self.retries);

@@ -22,6 +22,13 @@ impl ApiError {
                 HeaderValue::from_static(reason.as_str()),
             );
         }
+        if let Some(challenge) = self
+            .challenge
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok())
+        {
+            headers.insert(header::WWW_AUTHENTICATE, challenge);
+        }
         if let Some(after) = self.retry_after {
             // Retry-After has whole seconds; round up so a client never
             // comes back too early. retry-after-ms carries the precise value.

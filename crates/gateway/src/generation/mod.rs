@@ -5,11 +5,14 @@
 //! next. A pool's runtime (its replicas' load, connections, prefix index,
 //! scrapers) is not part of a generation: it carries over by the pool's
 //! name, and every source of change — the file at start, a reload, later
-//! discovery — goes through the same [`Runtimes::build`].
+//! discovery — goes through the same [`Runtimes::build`]. Authentication
+//! is the same: keys files and JWKS carry over by path or URL
+//! ([`crate::auth::Sources`]), the rest is rebuilt.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::auth::{Authenticator, Sources};
 use crate::edge::ForwardedPaths;
 use crate::pool::{Pool, Runtime};
 use crate::routes::ModelTable;
@@ -17,6 +20,8 @@ use crate::telemetry::Metrics;
 use crate::upstream::TrustedProxies;
 
 pub struct Generation {
+    /// Who callers are and which models their tenants may use.
+    pub auth: Authenticator,
     pub routes: ModelTable,
     /// In config order.
     pub pools: Vec<Arc<Pool>>,
@@ -59,6 +64,8 @@ impl Generation {
 /// Every pool's runtime by name: what one generation hands the next.
 pub struct Runtimes {
     by_name: HashMap<String, Arc<Runtime>>,
+    /// Keys files, JWKS and argon2id results.
+    auth: Sources,
     /// Worker threads, each with its own connections per pool.
     workers: usize,
 }
@@ -67,6 +74,7 @@ impl Runtimes {
     pub fn new(workers: usize) -> Self {
         Self {
             by_name: HashMap::new(),
+            auth: Sources::default(),
             workers,
         }
     }
@@ -86,6 +94,9 @@ impl Runtimes {
                 );
             }
         }
+        // First: a keys file or JWKS file that cannot be read refuses the
+        // config before any pool is touched.
+        let auth = self.auth.build(spec)?;
         let connect_timeout = spec.timeouts.connect();
         let mut by_name = HashMap::with_capacity(spec.pools.len());
         let mut pools = Vec::with_capacity(spec.pools.len());
@@ -103,6 +114,7 @@ impl Runtimes {
         metrics.retain_pools(|name| by_name.contains_key(name));
         self.by_name = by_name;
         Ok(Generation {
+            auth,
             routes: ModelTable::new(&spec.pools, &pools),
             pools,
             limits: spec.limits.clone(),

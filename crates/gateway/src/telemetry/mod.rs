@@ -28,6 +28,7 @@ mod test_writer;
 pub mod trace_context;
 
 pub use gauges::FlowGauges;
+pub use labels::TenantLabel;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
 pub use metrics::{EndpointMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason};
 pub(crate) use spans::stage_span;

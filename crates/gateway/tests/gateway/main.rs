@@ -9,6 +9,7 @@
 //! - [`observability`]: exact metrics, the access log, `/debug/pools`,
 //!   trace context, the dashboard;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
+//! - [`auth`]: API keys, tokens and their attacks, tenants' rules;
 //! - [`reload`]: a new config applied while requests run.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
@@ -17,6 +18,7 @@
 //! descriptors) are in a binary of their own, `descriptors.rs`.
 
 mod attack;
+mod auth;
 mod flow;
 mod observability;
 mod picking;
