@@ -1034,3 +1034,42 @@ async fn with_authentication_off_every_caller_is_anonymous() {
         "Bearer the-replicas-own-key"
     );
 }
+
+#[tokio::test]
+async fn a_reload_keeps_the_fetched_jwks_and_refuses_an_unreadable_keys_file() {
+    let s = setup("").await;
+    let token = mint(rsa1(), Some("k1"), &claims("a"));
+    assert_eq!(
+        chat(&s.gw, "m-a", &[("x-api-key", &token)]).await.status(),
+        200
+    );
+    let fetched = s.jwks.fetches();
+
+    // The same config again, with tenant b now allowed m-a too: the rules
+    // change, the JWKS stays as fetched (no fetch, no window without keys).
+    let spec = auth_spec(&s.keys_file.path().display().to_string(), &s.jwks.url, "")
+        .replace("{name: b, models: [m-b]}", "{name: b, models: [m-b, m-a]}");
+    s.gw.apply(&config(&spec, &pool(&s.replica))).unwrap();
+    assert_eq!(
+        chat(&s.gw, "m-a", &[("x-api-key", KEY_B)]).await.status(),
+        200
+    );
+    let fresh = mint(rsa1(), Some("k1"), &claims("b"));
+    assert_eq!(
+        chat(&s.gw, "m-a", &[("x-api-key", &fresh)]).await.status(),
+        200
+    );
+    assert_eq!(s.jwks.fetches(), fetched);
+
+    // A keys file that cannot be read refuses the config; the one in force
+    // stays.
+    let missing = auth_spec("/nonexistent/keys.yaml", &s.jwks.url, "");
+    let e =
+        s.gw.apply(&config(&missing, &pool(&s.replica)))
+            .unwrap_err();
+    assert!(format!("{e:#}").contains("/nonexistent/keys.yaml"), "{e:#}");
+    assert_eq!(
+        chat(&s.gw, "m-a", &[("x-api-key", KEY_B)]).await.status(),
+        200
+    );
+}
