@@ -188,7 +188,7 @@ async fn infer(
         Ok(caller) => caller,
         Err(e) => return refuse(record, e),
     };
-    record.identified(Arc::clone(&caller.tenant), caller.label().clone());
+    record.identified(caller.as_logged());
 
     // 1. accept, its last step: the body, within its limit and the
     // gateway's budget; its share of the budget is held until the request

@@ -26,15 +26,25 @@ use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason}
 /// (nginx's convention; no response carries it).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// Who a request came from, as the access log shows it.
+#[derive(Debug)]
+pub struct Caller {
+    pub tenant: Arc<str>,
+    /// Its `tenant` label on metrics.
+    pub label: TenantLabel,
+    /// The API key's `name`, when an API key with a name authenticated it.
+    pub key: Option<Arc<str>>,
+    /// The token's issuer, when a token authenticated it.
+    pub issuer: Option<Arc<str>>,
+}
+
 #[derive(Debug)]
 pub struct Record {
     /// Shares the bytes of the header it came from (or was sent back in).
     pub request_id: http::HeaderValue,
-    /// The authenticated caller's tenant (anonymous when authentication
+    /// The authenticated caller (tenant `anonymous` when authentication
     /// is off), once known.
-    pub tenant: Option<Arc<str>>,
-    /// Its `tenant` label on metrics.
-    tenant_label: Option<TenantLabel>,
+    pub caller: Option<Caller>,
     pub model: Option<String>,
     pub pool: Option<Arc<str>>,
     pub endpoint: Option<Arc<str>>,
@@ -68,8 +78,7 @@ impl Record {
     pub fn new(request_id: http::HeaderValue, start: Instant, span: tracing::Span) -> Self {
         Self {
             request_id,
-            tenant: None,
-            tenant_label: None,
+            caller: None,
             model: None,
             pool: None,
             endpoint: None,
@@ -93,10 +102,9 @@ impl Record {
         }
     }
 
-    /// Authentication found the caller's tenant.
-    pub fn identified(&mut self, tenant: Arc<str>, label: TenantLabel) {
-        self.tenant = Some(tenant);
-        self.tenant_label = Some(label);
+    /// Authentication found who the caller is.
+    pub fn identified(&mut self, caller: Caller) {
+        self.caller = Some(caller);
     }
 
     /// The request reached routing; `metrics` are its route's handles (the
@@ -196,10 +204,15 @@ impl Drop for Record {
         let usage = self.usage.unwrap_or_default();
         if let Some(m) = &self.metrics {
             // Routing comes after authentication: a routed request has a
-            // tenant.
-            let tenant = self
-                .tenant_label
-                .get_or_insert_with(|| TenantLabel::new(config::defaults::ANONYMOUS_TENANT));
+            // caller.
+            let anonymous;
+            let tenant = match &self.caller {
+                Some(c) => &c.label,
+                None => {
+                    anonymous = TenantLabel::new(config::defaults::ANONYMOUS_TENANT);
+                    &anonymous
+                }
+            };
             m.count_request(tenant, status);
             m.observe_duration(duration);
             m.count_retries(self.retries);
@@ -212,7 +225,7 @@ impl Drop for Record {
         if !span.is_disabled() {
             span.record("http.response.status_code", status);
             span.record("gen_ai.request.model", self.model.as_deref());
-            span.record("infergate.tenant", self.tenant.as_deref());
+            span.record("infergate.tenant", self.caller.as_ref().map(|c| &*c.tenant));
             span.record("infergate.pool", self.pool.as_deref());
             span.record("infergate.endpoint", self.endpoint.as_deref());
             span.record("infergate.retries", self.retries);
@@ -224,7 +237,9 @@ impl Drop for Record {
             target: ACCESS_TARGET,
             parent: span,
             request_id = self.request_id.to_str().unwrap_or("-"),
-            tenant = self.tenant.as_deref(),
+            tenant = self.caller.as_ref().map(|c| &*c.tenant),
+            key = self.caller.as_ref().and_then(|c| c.key.as_deref()),
+            issuer = self.caller.as_ref().and_then(|c| c.issuer.as_deref()),
             model = self.model.as_deref(),
             pool = self.pool.as_deref(),
             endpoint = self.endpoint.as_deref(),

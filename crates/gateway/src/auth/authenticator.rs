@@ -14,6 +14,7 @@ use super::jwt::JwtVerifier;
 use super::refusal::{AUTH_TARGET, AuthError, Kind, Reason, Refusal};
 use super::tenants::{Globs, Policy, Tenants};
 use crate::error::ApiError;
+use crate::record::Caller;
 use crate::telemetry::TenantLabel;
 use crate::upstream::CallerFields;
 
@@ -67,6 +68,22 @@ impl Identity {
     /// The tenant's `tenant` label on metrics.
     pub fn label(&self) -> &TenantLabel {
         &self.policy.label
+    }
+
+    /// The caller as the access log shows it: tenant, API key name or
+    /// token issuer.
+    pub fn as_logged(&self) -> Caller {
+        let (key, issuer) = match &self.via {
+            Via::ApiKey(name) => (name.clone(), None),
+            Via::Token(issuer) => (None, Some(Arc::clone(issuer))),
+            Via::Anonymous | Via::Certificate => (None, None),
+        };
+        Caller {
+            tenant: Arc::clone(&self.tenant),
+            label: self.policy.label.clone(),
+            key,
+            issuer,
+        }
     }
 
     /// The caller's place in flow control: its tenant, with the tenant's

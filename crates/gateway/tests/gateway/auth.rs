@@ -782,6 +782,7 @@ async fn a_tokens_claims_narrow_its_tenants_models_and_band() {
     let lines = logs.wait_for_access(2).await;
     let served = lines.iter().find(|l| l["status"] == 200).unwrap();
     assert_eq!(served["tenant"], "a");
+    assert_eq!(served["issuer"], ISSUER);
     assert_eq!(served["priority"], "sheddable", "{served}");
 }
 
@@ -904,6 +905,13 @@ async fn a_header_never_lifts_a_request_above_its_tenants_ceiling() {
             .unwrap();
         assert_eq!(line["priority"], *used, "asked {asked}: {line}");
     }
+    // A named key is logged by its name, never the key itself.
+    let by_b = lines.iter().find(|l| l["request_id"] == "req-2").unwrap();
+    assert_eq!(
+        (&by_b["tenant"], &by_b["key"]),
+        (&json!("b"), &json!("b-laptop"))
+    );
+    assert!(!logs.text().contains(KEY_B));
 }
 
 /// One replica scraped every 20 ms, saturated at one waiting request, as
