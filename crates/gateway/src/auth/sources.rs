@@ -108,8 +108,8 @@ impl Sources {
     }
 
     /// The HTTP client for JWKS URLs: rustls on ring, with the bundled
-    /// Mozilla roots and the system's; no redirects (a JWKS URL names the
-    /// document itself, and a redirect could lead to plain HTTP).
+    /// Mozilla roots; no redirects (a JWKS URL names the document itself,
+    /// and a redirect could lead to plain HTTP).
     fn client(&mut self) -> anyhow::Result<reqwest::Client> {
         if let Some(client) = &self.client {
             return Ok(client.clone());
