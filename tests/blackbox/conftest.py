@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import threading
 
 import pytest
@@ -127,3 +128,33 @@ def own_gateway():
     replicas, which the other modules' shared gateway must keep."""
     with demo() as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def authed_gateway(tmp_path_factory):
+    """`infergate serve --config` with API keys required, one simulated
+    replica, and a key made by `infergate keys new` (tenant `sdk`) as
+    `.key`."""
+    made = subprocess.run(
+        [BINARY, "keys", "new", "--tenant", "sdk"], capture_output=True, text=True, check=True
+    )
+    key, line = made.stdout.splitlines()[:2]
+    served = Served(
+        tmp_path_factory.mktemp("authed"),
+        f"""apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: "127.0.0.1:0"}}]
+  auth:
+    apiKeys:
+      keys:
+        {line}
+  pools:
+    - name: llama-8b
+      models: ["meta-llama/Llama-3.1-8B-Instruct"]
+      simulated: {{replicas: 1, hardware: [h100], model: llama-3.1-8b, timeScale: 10}}
+""",
+    )
+    served.key = key
+    yield served
+    served.stop()

@@ -114,3 +114,25 @@ def test_a_crashed_replica_costs_no_failed_requests(gateway, client):
             model="Qwen/Qwen3-32B", messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
         assert r.usage.completion_tokens == 2
+
+
+def test_an_api_key_authenticates_and_a_wrong_one_is_an_authentication_error(authed_gateway):
+    good = openai.OpenAI(
+        base_url=authed_gateway.base_url, api_key=authed_gateway.key, max_retries=0, timeout=60
+    )
+    r = good.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello!"}], max_tokens=4
+    )
+    assert r.usage.completion_tokens == 4
+    assert [m.id for m in good.models.list()] == [MODEL]
+
+    wrong = openai.OpenAI(
+        base_url=authed_gateway.base_url, api_key="ig-not-a-key", max_retries=0, timeout=60
+    )
+    with pytest.raises(openai.AuthenticationError) as err:
+        wrong.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 401
+    assert err.value.code == "invalid_api_key"
+    assert err.value.response.headers["www-authenticate"].startswith("Bearer")
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()

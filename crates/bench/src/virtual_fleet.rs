@@ -32,7 +32,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use picker::flow::{Priority, Queue};
+use picker::flow::{FlowKey, Priority, Queue};
 use picker::{
     Endpoint, EngineState, LoadGuard, Observation, PickError, PickRequest, PickerConfig,
     PrefixConfig,
@@ -215,7 +215,7 @@ struct Simulation<'a> {
     in_flight: HashMap<u64, InFlight>,
     line: Queue<Prepared>,
     /// The one fairness key: requests carry no fairness id.
-    line_key: Arc<str>,
+    line_key: FlowKey,
     outcomes: Vec<Outcome>,
     /// Stands for virtual time 0 on the picker's clock.
     epoch: Instant,
@@ -255,7 +255,7 @@ impl<'a> Simulation<'a> {
             timeouts: VecDeque::new(),
             in_flight: HashMap::new(),
             line: Queue::default(),
-            line_key: Arc::from(""),
+            line_key: FlowKey::plain(Arc::from("")),
             outcomes: Vec::new(),
             epoch: Instant::now(),
             rng: SmallRng::seed_from_u64(options.seed),
@@ -459,8 +459,9 @@ impl<'a> Simulation<'a> {
             return;
         }
         let expires = request.at + limits.max_wait;
-        let key = Arc::clone(&self.line_key);
-        let entry = self.line.push(BAND, key, request.body_bytes, request);
+        let entry = self
+            .line
+            .push(BAND, &self.line_key, request.body_bytes, request);
         self.push(expires, Kind::QueueExpiry, entry);
     }
 

@@ -78,6 +78,27 @@ pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
 pub const JWKS_REFRESH_INTERVAL: Duration = Duration::from_secs(5 * 60);
 /// `auth.jwt.issuers[].tenantClaim`.
 pub const JWT_TENANT_CLAIM: &str = "sub";
+/// How often `auth.apiKeys.file` is read again to pick up changes (a
+/// Kubernetes Secret's update reaches the pod within a minute or so; the
+/// gateway sees it at most this much later). A file that cannot be read
+/// or is invalid is logged and the keys read before stay in force.
+pub const API_KEYS_FILE_POLL: Duration = Duration::from_secs(2);
+/// Shortest time between two fetches of one JWKS for tokens naming a key
+/// it does not hold: a flood of tokens with made-up `kid`s costs the
+/// issuer one fetch per this interval.
+pub const JWKS_MIN_REFETCH: Duration = Duration::from_secs(5);
+/// Longest wait for one JWKS fetch.
+pub const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// A verified token is remembered for at most this long (and never past
+/// its `exp`), so a client reusing its token costs one hash per request,
+/// not a signature check.
+pub const JWT_CACHE_TTL: Duration = Duration::from_secs(60);
+/// The tenant of every caller when `auth.mode` is `none` (or `auth` is
+/// absent); a `tenants[]` entry of this name sets what they may do.
+pub const ANONYMOUS_TENANT: &str = "anonymous";
+/// The `tenant` label of requests from tenants not listed in `tenants[]`;
+/// no tenant may be named so.
+pub const OTHER_TENANTS_LABEL: &str = "other";
 /// `tenants[].maxPriority`: a tenant's requests may not claim `critical`
 /// unless the operator says so.
 pub const TENANT_MAX_PRIORITY: picker::flow::Priority = picker::flow::Priority::Standard;

@@ -14,7 +14,10 @@ pub mod schema;
 mod security;
 mod validate;
 
-pub use load::{from_yaml, from_yaml_with, load_file, load_file_with, validated};
+pub use load::{
+    api_keys_from_yaml, from_yaml, from_yaml_with, load_file, load_file_with, validated,
+};
 pub use problem::{ConfigError, Problem, Unreadable};
 pub use schema::*;
 pub use security::*;
+pub use validate::tenant_name;

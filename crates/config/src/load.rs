@@ -5,6 +5,7 @@ use std::path::Path;
 
 use crate::problem::{ConfigError, Problem, Unreadable};
 use crate::schema::InferenceGatewayConfig;
+use crate::security::ApiKey;
 
 pub fn load_file(path: &Path) -> Result<InferenceGatewayConfig, ConfigError> {
     load_file_with(path, |_, _| Vec::new())
@@ -63,6 +64,30 @@ pub fn validated(config: InferenceGatewayConfig) -> Result<InferenceGatewayConfi
     let problems = crate::validate::validate(&config, &Unreadable::default());
     if problems.is_empty() {
         Ok(config)
+    } else {
+        Err(ConfigError::Invalid(problems))
+    }
+}
+
+/// Read an `auth.apiKeys.file`: a YAML list of keys, each checked as the
+/// config's own are. An empty file holds no keys.
+pub fn api_keys_from_yaml(text: &str) -> Result<Vec<ApiKey>, ConfigError> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let read = crate::read::read::<Vec<ApiKey>>(text);
+    let mut problems = read.problems;
+    let Some(keys) = read.value else {
+        return Err(ConfigError::Invalid(problems));
+    };
+    problems.extend(
+        crate::validate::check_api_keys(&keys)
+            .into_iter()
+            .map(|(path, message)| Problem { path, message })
+            .filter(|p| !read.unreadable.covers(&p.path)),
+    );
+    if problems.is_empty() {
+        Ok(keys)
     } else {
         Err(ConfigError::Invalid(problems))
     }

@@ -21,6 +21,18 @@ impl fmt::Display for Problem {
     }
 }
 
+/// Problems as checks collect them.
+pub(crate) struct Problems(pub(crate) Vec<Problem>);
+
+impl Problems {
+    pub(crate) fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
 /// Values of a document that could not be read, by path. Each is reported
 /// once, where it is; checks leave alone what depends on one, as they would
 /// only be checking the empty value read in its place.

@@ -408,3 +408,68 @@ fn https_endpoints_with_tls_settings_are_valid() {
         (config::Scheme::Https, "vllm-0.svc:8443")
     );
 }
+
+const SHA_A: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const SHA_B: &str = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
+
+fn with_auth(auth_and_tenants: &str) -> String {
+    minimal("    - {name: p, models: [m], endpoints: [\"127.0.0.1:9001\"]}\n")
+        .replace("  pools:\n", &format!("{auth_and_tenants}  pools:\n"))
+}
+
+#[test]
+fn keys_and_tenants_are_checked_together() {
+    let found = problems(&with_auth(&format!(
+        "  auth:\n    apiKeys:\n      keys:\n        - {{tenant: a, sha256: {SHA_A}}}\n        - {{tenant: b, sha256: {}}}\n        - {{tenant: \"a\\tb\", sha256: {SHA_B}}}\n  tenants:\n    - {{name: other}}\n    - {{name: \"\"}}\n",
+        SHA_A.to_uppercase()
+    )));
+    for expected in [
+        "spec.auth.apiKeys.keys[1]: the same key as [0]",
+        "spec.auth.apiKeys.keys[2].tenant: must not contain control characters",
+        "spec.tenants[0].name: \"other\" is reserved: it is the metrics label of every tenant not listed here",
+        "spec.tenants[1].name: must not be empty",
+    ] {
+        assert!(
+            found.iter().any(|p| p == expected),
+            "{expected:?} not in {found:#?}"
+        );
+    }
+    assert_eq!(found.len(), 4, "{found:#?}");
+}
+
+#[test]
+fn a_keys_file_is_a_list_of_keys_checked_like_the_configs() {
+    let keys = config::api_keys_from_yaml(&format!(
+        "- {{tenant: a, sha256: {SHA_A}, name: ci}}\n- {{tenant: b, argon2id: \"$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA\"}}\n"
+    ))
+    .unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0].name.as_deref(), Some("ci"));
+    assert!(config::api_keys_from_yaml("").unwrap().is_empty());
+    assert!(config::api_keys_from_yaml("[]\n").unwrap().is_empty());
+    let e = config::api_keys_from_yaml(&format!(
+        "- {{tenant: a, sha256: nothex}}\n- {{tenant: b, sha256: {SHA_A}, sha: x}}\n- {{tenant: c, sha256: {SHA_A}}}\n"
+    ))
+    .unwrap_err();
+    let found: Vec<String> = e.problems().iter().map(ToString::to_string).collect();
+    assert!(
+        found
+            .iter()
+            .any(|p| p.starts_with("[0].sha256: must be 64 hex digits")),
+        "{found:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|p| p.starts_with("[1].sha: unknown field")),
+        "{found:#?}"
+    );
+    assert!(
+        found.iter().any(|p| p == "[2]: the same key as [1]"),
+        "{found:#?}"
+    );
+    assert!(
+        config::api_keys_from_yaml("{tenant: a}").is_err(),
+        "not a list"
+    );
+}

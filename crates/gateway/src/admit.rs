@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use config::Priority;
 use parking_lot::Mutex;
-use picker::flow::Queue;
+use picker::flow::{FlowKey, Queue};
 use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
+use crate::auth::Identity;
 use crate::error::{ApiError, DropReason};
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
@@ -32,13 +33,14 @@ thread_local! {
     static NO_KEY: Arc<str> = Arc::from("");
 }
 
-/// A request's place in flow control: its band, its fairness key, the
-/// bytes it holds while waiting, and its band's limits as the request's
-/// generation of the config sets them.
+/// A request's place in flow control: its band, its fairness key (its
+/// tenant, and the client's key within it), the bytes it holds while
+/// waiting, and its band's limits as the request's generation of the
+/// config sets them.
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub band: Priority,
-    pub key: Arc<str>,
+    pub key: FlowKey,
     pub bytes: u64,
     max_wait: Duration,
     max_queued: usize,
@@ -47,13 +49,16 @@ pub struct Ticket {
 
 impl Ticket {
     /// The band comes from the model's objective; the header may lower it,
-    /// and raise it only when the config allows.
+    /// and raise it only when the config allows; neither lifts it above
+    /// what the caller's tenant (and token) may use. The client's fairness
+    /// id only divides its own tenant's turns.
     pub fn from_request(
         headers: &http::HeaderMap,
         model: &str,
         objectives: &BTreeMap<String, Priority>,
         flow_control: &config::FlowControl,
         bytes: u64,
+        caller: &Identity,
     ) -> Result<Self, ApiError> {
         let configured = objectives.get(model).copied().unwrap_or_default();
         let band = match headers.get(PRIORITY_HEADER).map(|v| v.as_bytes()) {
@@ -74,12 +79,15 @@ impl Ticket {
                 }
             }
         };
+        // `Critical` is the least: the ceiling is the most urgent allowed.
+        let band = band.max(caller.max_priority());
         let key = match headers.get(FAIRNESS_HEADER).map(|v| v.as_bytes()) {
             Some(b) => Arc::from(String::from_utf8_lossy(&b[..b.len().min(MAX_FAIRNESS_ID)])),
             // Most requests carry no key: they share one, without an
             // allocation each.
             None => NO_KEY.with(Arc::clone),
         };
+        let key = caller.flow_key(key);
         let limits = flow_control.band(band);
         Ok(Self {
             band,
@@ -304,7 +312,7 @@ impl Admission {
                 pick,
                 since: Instant::now(),
             };
-            let id = q.push(ticket.band, Arc::clone(&ticket.key), ticket.bytes, waiter);
+            let id = q.push(ticket.band, &ticket.key, ticket.bytes, waiter);
             self.waiting[ticket.band as usize].fetch_add(1, Ordering::Relaxed);
             id
         };

@@ -56,6 +56,8 @@ pub struct ApiError {
     /// Retrying cannot succeed (`x-should-retry: false`, which the OpenAI
     /// SDKs obey even on a 429).
     pub never_retry: bool,
+    /// The `WWW-Authenticate` challenge of a 401.
+    pub challenge: Option<String>,
 }
 
 impl ApiError {
@@ -69,6 +71,7 @@ impl ApiError {
             retry_after: None,
             dropped_reason: None,
             never_retry: false,
+            challenge: None,
         }
     }
 
@@ -91,6 +94,60 @@ impl ApiError {
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
                 format!("The model `{model}` does not exist or is not served by this gateway."),
+            )
+        }
+    }
+
+    /// No valid credential (RFC 6750): `code` is `invalid_api_key` or
+    /// `invalid_token`, `reason` a stable word the client may act on
+    /// (`expired`, `unknown_key`); why exactly is logged, not told. A
+    /// request that carried no credential at all gets a challenge without
+    /// an error, as RFC 6750 §3.1 asks.
+    pub fn unauthorized(code: &'static str, reason: &'static str, missing: bool) -> Self {
+        let message = if missing {
+            "No API key or token was given: send `Authorization: Bearer <key or token>` (the OpenAI SDKs' `api_key`) or `x-api-key`.".to_owned()
+        } else if code == "invalid_api_key" {
+            format!("Incorrect API key provided ({reason}).")
+        } else {
+            format!("The token was refused ({reason}).")
+        };
+        let challenge = if missing {
+            "Bearer realm=\"infergate\"".to_owned()
+        } else {
+            format!(
+                "Bearer realm=\"infergate\", error=\"invalid_token\", error_description=\"{reason}\""
+            )
+        };
+        Self {
+            code: Some(code),
+            challenge: Some(challenge),
+            ..Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+        }
+    }
+
+    /// The credential cannot be checked now (the issuer's keys were never
+    /// fetched, or every key check is busy): the caller is not to blame.
+    pub fn auth_unavailable(why: &str) -> Self {
+        Self {
+            code: Some("auth_unavailable"),
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("The credential cannot be checked right now: {why}."),
+            )
+        }
+    }
+
+    /// The caller's tenant (or token) may not use `model`.
+    pub fn model_not_allowed(model: &str) -> Self {
+        Self {
+            param: Some("model"),
+            code: Some("model_not_allowed"),
+            ..Self::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                format!("You are not allowed to use the model `{model}`."),
             )
         }
     }

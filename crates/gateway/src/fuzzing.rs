@@ -247,6 +247,7 @@ pub fn upstream_response(pieces: &[&[u8]]) -> Upstream {
             request_id: &id,
             traceparent: &id,
             forwarded: &forwarded,
+            caller: Default::default(),
         };
         let limit = Duration::from_secs(2);
         let answer = match tokio::time::timeout(limit, pool.send(&addr, &outgoing)).await {

@@ -4,6 +4,7 @@
 
 mod admin;
 mod admit;
+pub mod auth;
 pub mod body;
 mod edge;
 pub mod error;

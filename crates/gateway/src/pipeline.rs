@@ -5,11 +5,14 @@
 //! 1. accept — listeners and HTTP (server/, hyper), the edge checks
 //!    (edge.rs: target length, `Host`, plain paths, which paths are
 //!    forwarded), and the body, read whole within its own limit and the
-//!    gateway's budget of buffered bytes (request_body.rs)
-//! 2. authenticate — API key / JWT → tenant (not yet: every caller is anonymous)
+//!    gateway's budget of buffered bytes (request_body.rs) — once stage 2
+//!    has passed, so a caller without a valid credential never holds any
+//!    of that budget
+//! 2. authenticate — API key / JWT → tenant (auth/); anonymous when
+//!    authentication is off
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
 //! 4. route — model name → pool (+ adapter)
-//! 5. authorize — tenant may use this model (with authentication)
+//! 5. authorize — the caller's tenant (and token) may use this model
 //! 6. limit — reserve the request and its tokens on every rate limit that
 //!    applies (limits/), or refuse with 429 before it queues
 //! 7. admit — flow control: when every replica is saturated, wait in line
@@ -36,6 +39,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::admit::{Admitted, OwnedPick, Ticket};
+use crate::auth::{AuthError, Identity};
 use crate::body::{ProxiedBody, ResponseBody};
 use crate::edge::{self, MODEL_PREFIX};
 use crate::error::{ApiError, DropReason};
@@ -88,12 +92,28 @@ async fn route(
     match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
-        (&Method::GET, "/v1/models") => json(generation.routes.models_json()),
+        (&Method::GET, "/v1/models") => {
+            let caller = match authenticate(state, &generation, &req.headers).await {
+                Ok(caller) => caller,
+                Err(e) => return e.into_response(),
+            };
+            if caller.may_use_all() {
+                json(generation.routes.models_json())
+            } else {
+                json(generation.routes.models_json_where(|id| caller.may_use(id)))
+            }
+        }
         (&Method::GET, path) if path.starts_with(MODEL_PREFIX) => {
+            let caller = match authenticate(state, &generation, &req.headers).await {
+                Ok(caller) => caller,
+                Err(e) => return e.into_response(),
+            };
             let id = percent_encoding::percent_decode_str(&path[MODEL_PREFIX.len()..])
                 .decode_utf8_lossy();
+            // A model the caller may not use is not there, for it.
             match generation.routes.model_json(&id) {
-                Ok(model) => json(model),
+                Ok(model) if caller.may_use(&id) => json(model),
+                Ok(_) => ApiError::model_not_found(&id).into_response(),
                 Err(e) => e.into_response(),
             }
         }
@@ -160,16 +180,26 @@ async fn infer(
         ..
     } = req;
 
-    // 1. accept: the body, within its limit and the gateway's budget; its
-    // share of the budget is held until the request is done with it.
+    // 2. authenticate, before the body is read: a caller without a valid
+    // credential never holds any of the body budget.
+    let caller = match authenticate(state, &generation, &headers)
+        .instrument(stage_span!("authenticate"))
+        .await
+    {
+        Ok(caller) => caller,
+        Err(e) => return refuse(record, e),
+    };
+    record.identified(caller.as_logged());
+
+    // 1. accept, its last step: the body, within its limit and the
+    // gateway's budget; its share of the budget is held until the request
+    // is done with it.
     let limit = generation.limits.max_body_bytes();
     let (body, _held) = match request_body::read(body, &headers, limit, &state.body_budget).await {
         Ok(read) => read,
         Err(e) => return refuse(record, e),
     };
     let forwarded = Forwarded::new(&headers, peer, proto, &generation.trusted_proxies);
-
-    // 2. authenticate: no authentication configured.
 
     // 3. parse
     let request = match stage_span!("parse").in_scope(|| InferenceRequest::parse(&body)) {
@@ -193,14 +223,21 @@ async fn infer(
         record.routed(metrics);
     }
 
-    // 5. authorize: every caller may use every model until tenants exist.
+    // 5. authorize: the model (or adapter), by the name it was asked for.
+    if let Err(e) = generation.auth.authorize(&caller, &request.model) {
+        return refuse(record, e);
+    }
 
     // 6. limit: reserve the request and its tokens on every rate limit
     // that applies, or refuse before it queues.
     let limiter = &generation.limiter;
     let tokens = limiter.tokens_to_reserve(request.prompt_tokens, request.max_output);
     let reserved = limiter
-        .reserve(record.tenant.as_deref(), &request.model, tokens)
+        .reserve(
+            record.caller.as_ref().map(|c| &*c.tenant),
+            &request.model,
+            tokens,
+        )
         .instrument(stage_span!("limit"))
         .await;
     match reserved {
@@ -232,6 +269,7 @@ async fn infer(
         &generation.objectives,
         &generation.flow_control,
         body.len() as u64,
+        &caller,
     ) {
         Ok(t) => t,
         Err(e) => return refuse(record, e),
@@ -270,6 +308,7 @@ async fn infer(
         request_id: ids.request,
         traceparent: ids.traceparent,
         forwarded: &forwarded,
+        caller: generation.auth.caller_fields(&caller),
     };
     let job = Forward {
         generation: &generation,
@@ -522,6 +561,28 @@ async fn error_body(
     } else {
         ErrorBody::Whole(bytes)
     })
+}
+
+/// Stage 2: who the caller is. A refusal is counted by its reason, and
+/// answered 401 (or 503 when the credential cannot be checked now).
+async fn authenticate(
+    state: &State,
+    generation: &Generation,
+    headers: &HeaderMap,
+) -> Result<Identity, ApiError> {
+    // The TLS listener will hand in the tenant of a verified client
+    // certificate here.
+    let verified_client = None;
+    generation
+        .auth
+        .authenticate(headers, verified_client)
+        .await
+        .map_err(|e: AuthError| {
+            state
+                .metrics
+                .count_auth_failure(e.credential(), e.reason.as_str());
+            e.into_api()
+        })
 }
 
 /// A retry's pick failed: nothing is left to try. Refused for the same

@@ -22,18 +22,31 @@ use crate::limits::{Outcome, Reservation};
 use crate::telemetry::decisions::{Ended, Pending};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::trace_context::TraceId32;
-use crate::telemetry::{ACCESS_TARGET, RouteMetrics, refusal_reason};
+use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason};
 
 /// Status recorded when the client left before any response was produced
 /// (nginx's convention; no response carries it).
 pub const CLIENT_CLOSED: u16 = 499;
 
+/// Who a request came from, as the access log shows it.
+#[derive(Debug)]
+pub struct Caller {
+    pub tenant: Arc<str>,
+    /// Its `tenant` label on metrics.
+    pub label: TenantLabel,
+    /// The API key's `name`, when an API key with a name authenticated it.
+    pub key: Option<Arc<str>>,
+    /// The token's issuer, when a token authenticated it.
+    pub issuer: Option<Arc<str>>,
+}
+
 #[derive(Debug)]
 pub struct Record {
     /// Shares the bytes of the header it came from (or was sent back in).
     pub request_id: http::HeaderValue,
-    /// The authenticated caller, once authentication exists.
-    pub tenant: Option<String>,
+    /// The authenticated caller (tenant `anonymous` when authentication
+    /// is off), once known.
+    pub caller: Option<Caller>,
     pub model: Option<String>,
     pub pool: Option<Arc<str>>,
     pub endpoint: Option<Arc<str>>,
@@ -73,7 +86,7 @@ impl Record {
     pub fn new(request_id: http::HeaderValue, start: Instant, span: tracing::Span) -> Self {
         Self {
             request_id,
-            tenant: None,
+            caller: None,
             model: None,
             pool: None,
             endpoint: None,
@@ -98,6 +111,11 @@ impl Record {
             finished: false,
             error: None,
         }
+    }
+
+    /// Authentication found who the caller is.
+    pub fn identified(&mut self, caller: Caller) {
+        self.caller = Some(caller);
     }
 
     /// The request reached routing; `metrics` are its route's handles (the
@@ -226,10 +244,20 @@ impl Drop for Record {
         }
         let usage = self.usage.unwrap_or_default();
         if let Some(m) = &self.metrics {
-            m.count_request(status);
+            // Routing comes after authentication: a routed request has a
+            // caller.
+            let anonymous;
+            let tenant = match &self.caller {
+                Some(c) => &c.label,
+                None => {
+                    anonymous = TenantLabel::new(config::defaults::ANONYMOUS_TENANT);
+                    &anonymous
+                }
+            };
+            m.count_request(tenant, status);
             m.observe_duration(duration);
             m.count_retries(self.retries);
-            m.count_tokens(usage.prompt_tokens, usage.completion_tokens);
+            m.count_tokens(tenant, usage.prompt_tokens, usage.completion_tokens);
             if let Some(reason) = self.refusal {
                 m.count_refusal(reason);
             }
@@ -241,6 +269,7 @@ impl Drop for Record {
         if !span.is_disabled() {
             span.record("http.response.status_code", status);
             span.record("gen_ai.request.model", self.model.as_deref());
+            span.record("infergate.tenant", self.caller.as_ref().map(|c| &*c.tenant));
             span.record("infergate.pool", self.pool.as_deref());
             span.record("infergate.endpoint", self.endpoint.as_deref());
             span.record("infergate.retries", self.retries);
@@ -252,7 +281,9 @@ impl Drop for Record {
             target: ACCESS_TARGET,
             parent: span,
             request_id = self.request_id.to_str().unwrap_or("-"),
-            tenant = self.tenant.as_deref(),
+            tenant = self.caller.as_ref().map(|c| &*c.tenant),
+            key = self.caller.as_ref().and_then(|c| c.key.as_deref()),
+            issuer = self.caller.as_ref().and_then(|c| c.issuer.as_deref()),
             model = self.model.as_deref(),
             pool = self.pool.as_deref(),
             endpoint = self.endpoint.as_deref(),
@@ -277,7 +308,7 @@ impl Record {
     fn ended(&self, status: u16, duration: Duration, usage: Usage) -> Ended<'_> {
         Ended {
             request_id: self.request_id.to_str().unwrap_or("-"),
-            tenant: self.tenant.as_deref(),
+            tenant: self.caller.as_ref().map(|c| &*c.tenant),
             model: self.model.as_deref(),
             pool: self.pool.as_ref(),
             endpoint: self.endpoint.as_ref(),

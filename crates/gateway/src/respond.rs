@@ -25,6 +25,13 @@ impl ApiError {
         if self.never_retry {
             headers.insert("x-should-retry", HeaderValue::from_static("false"));
         }
+        if let Some(challenge) = self
+            .challenge
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok())
+        {
+            headers.insert(header::WWW_AUTHENTICATE, challenge);
+        }
         if let Some(after) = self.retry_after {
             // Retry-After has whole seconds; round up so a client never
             // comes back too early. retry-after-ms carries the precise value.

@@ -24,6 +24,9 @@ pub struct ModelTable {
     models_json: Bytes,
     /// `GET /v1/models/{id}`, by id, rendered once.
     model_json: HashMap<String, Bytes>,
+    /// Every model and adapter in `/v1/models` order, for lists filtered
+    /// per caller.
+    ids: Vec<String>,
 }
 
 impl ModelTable {
@@ -69,10 +72,15 @@ impl ModelTable {
             })
             .collect();
         let models_json = Bytes::from(json!({"object": "list", "data": data}).to_string());
+        let ids = data
+            .iter()
+            .map(|m| m["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
         Self {
             routes,
             models_json,
             model_json,
+            ids,
         }
     }
 
@@ -84,6 +92,23 @@ impl ModelTable {
 
     pub fn models_json(&self) -> Bytes {
         self.models_json.clone()
+    }
+
+    /// `GET /v1/models` for a caller who may use only the names `may_use`
+    /// accepts.
+    pub fn models_json_where(&self, may_use: impl Fn(&str) -> bool) -> Bytes {
+        let mut out = Vec::with_capacity(self.models_json.len());
+        out.extend_from_slice(br#"{"object":"list","data":["#);
+        let mut first = true;
+        for id in self.ids.iter().filter(|id| may_use(id)) {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(&self.model_json[id]);
+        }
+        out.extend_from_slice(b"]}");
+        Bytes::from(out)
     }
 
     /// One model or adapter as `GET /v1/models/{id}` shows it.

@@ -1,6 +1,7 @@
 //! The `infergate` command: wiring only. Each subcommand hands over to the
 //! crate that does the work.
 
+mod keys;
 mod lifecycle;
 mod simulated;
 
@@ -87,6 +88,9 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Make API keys for spec.auth.apiKeys.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Run simulated model servers (vLLM-compatible API and /metrics).
     Sim(sim::cli::SimArgs),
     /// Compare routing policies on simulated fleets.
@@ -123,6 +127,7 @@ fn main() -> ExitCode {
                 admin_listen,
             } => serve(log_format, config, listen, admin_listen).await,
             Command::Check { config } => Ok(check(&config)),
+            Command::Keys(command) => keys::run(command).map(|()| ExitCode::SUCCESS),
             Command::Sim(args) => sim::cli::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => bench::cli::run(args).await.map(|()| ExitCode::SUCCESS),
         }

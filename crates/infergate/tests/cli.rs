@@ -194,7 +194,7 @@ fn check_and_serve_refuse_unusable_tls_files() {
 fn help_describes_every_subcommand() {
     let out = infergate().arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for sub in ["serve", "check", "sim"] {
+    for sub in ["serve", "check", "keys", "sim"] {
         assert!(text.contains(sub), "{text}");
     }
     let out = infergate().args(["serve", "--help"]).output().unwrap();
@@ -522,6 +522,74 @@ fn a_changed_config_file_is_reloaded_without_a_signal() {
         "{metrics}"
     );
     assert_eq!(served.models(), ["model-b"], "the running config stays");
+}
+
+/// The status of `GET /v1/models` with these extra curl arguments, and
+/// its body.
+fn models_with(served: &Served, args: &[&str]) -> (String, serde_json::Value) {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(format!("http://{}/v1/models", served.addr))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.to_owned(), serde_json::from_str(body).unwrap())
+}
+
+#[test]
+fn keys_new_prints_a_key_once_and_the_line_that_makes_it_work() {
+    let out = infergate()
+        .args(["keys", "new", "--tenant", "team-a", "--name", "ci"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "the key, then the line: {stdout}");
+    let (key, line) = (lines[0], lines[1]);
+    assert!(key.starts_with("ig-") && key.len() == 46, "{key}");
+    assert!(
+        !line.contains(key),
+        "the key itself is never configured: {line}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shown once"));
+    let again = infergate()
+        .args(["keys", "new", "--tenant", "team-a"])
+        .output()
+        .unwrap();
+    assert_ne!(
+        String::from_utf8_lossy(&again.stdout).lines().next(),
+        Some(key)
+    );
+
+    // The line pasted into a config, as the help says.
+    let config = simulated_config("m", 0.01).replace(
+        "  pools:\n",
+        &format!("  auth:\n    apiKeys:\n      keys:\n        {line}\n  pools:\n"),
+    );
+    let file = write_config(&config);
+    let served = Served::start(file.path());
+    let bearer = format!("authorization: Bearer {key}");
+    let (status, list) = models_with(&served, &["-H", &bearer]);
+    assert_eq!(status, "200");
+    assert_eq!(list["data"][0]["id"], "m");
+    let (status, error) = models_with(&served, &[]);
+    assert_eq!(status, "401");
+    assert_eq!(error["error"]["code"], "invalid_api_key");
+    let (status, _) = models_with(&served, &["-H", "authorization: Bearer ig-not-the-key"]);
+    assert_eq!(status, "401");
+
+    let refused = infergate()
+        .args(["keys", "new", "--tenant", ""])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
 }
 
 #[test]

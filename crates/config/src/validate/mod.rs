@@ -9,16 +9,15 @@ use std::time::Duration;
 use picker::Weights;
 use signals::Dialect;
 
-mod problems;
 mod security;
 mod tls;
 
+pub(crate) use security::check_api_keys;
+pub use security::tenant_name;
+
 use crate::defaults;
-use crate::problem::{Problem, Unreadable};
-// Where the checks of every part put what they find; a module of its own
-// so that the parts, which the checks here call, need nothing back.
+use crate::problem::{Problem, Problems, Unreadable};
 use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
-use problems::Problems;
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());

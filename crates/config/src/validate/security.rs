@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 
-use super::Problems;
+use crate::defaults;
+use crate::problem::Problems;
 use crate::schema::Spec;
 use crate::security::{ApiKey, AuthMode, JwtIssuer, LimitBackend, RateLimit};
 
@@ -28,10 +29,8 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
             );
         }
         if let Some(keys) = &auth.api_keys {
-            for (i, key) in keys.keys.iter().enumerate() {
-                for (field, message) in check_api_key(key) {
-                    p.add(format!("spec.auth.apiKeys.keys[{i}]{field}"), message);
-                }
+            for (path, message) in check_api_keys(&keys.keys) {
+                p.add(format!("spec.auth.apiKeys.keys{path}"), message);
             }
             if keys.file.as_deref() == Some("") {
                 p.add("spec.auth.apiKeys.file", "must not be empty");
@@ -68,8 +67,13 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
     let mut tenants: HashMap<&str, usize> = HashMap::new();
     for (i, tenant) in spec.tenants.iter().enumerate() {
         let path = format!("spec.tenants[{i}]");
-        if tenant.name.is_empty() {
-            p.add(format!("{path}.name"), "must not be empty");
+        if let Err(why) = tenant_name(&tenant.name) {
+            p.add(format!("{path}.name"), why);
+        } else if tenant.name == defaults::OTHER_TENANTS_LABEL {
+            p.add(
+                format!("{path}.name"),
+                "\"other\" is reserved: it is the metrics label of every tenant not listed here",
+            );
         } else if let Some(first) = tenants.insert(&tenant.name, i) {
             p.add(
                 format!("{path}.name"),
@@ -149,10 +153,45 @@ pub fn is_loopback(address: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Problems of a list of keys (the config's or a keys file's), each with
+/// its path under the list (`[2].sha256`). A key listed twice would belong
+/// to two tenants, or be one too many to revoke.
+pub(crate) fn check_api_keys(keys: &[ApiKey]) -> Vec<(String, String)> {
+    let mut problems = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        for (field, message) in check_api_key(key) {
+            problems.push((format!("[{i}]{field}"), message));
+        }
+        let hash = match (&key.sha256, &key.argon2id) {
+            (Some(hex), _) => hex.to_ascii_lowercase(),
+            (None, Some(phc)) => phc.clone(),
+            (None, None) => continue,
+        };
+        if let Some(first) = seen.insert(hash, i) {
+            problems.push((format!("[{i}]"), format!("the same key as [{first}]")));
+        }
+    }
+    problems
+}
+
+/// A tenant's name: it is logged, and sent to replicas in a header.
+pub fn tenant_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        Err("must not be empty")
+    } else if name.len() > 256 {
+        Err("must be at most 256 bytes")
+    } else if name.chars().any(char::is_control) {
+        Err("must not contain control characters")
+    } else {
+        Ok(())
+    }
+}
+
 fn check_api_key(key: &ApiKey) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
-    if key.tenant.is_empty() {
-        problems.push((".tenant", "must not be empty".to_owned()));
+    if let Err(why) = tenant_name(&key.tenant) {
+        problems.push((".tenant", why.to_owned()));
     }
     match (&key.sha256, &key.argon2id) {
         (None, None) | (Some(_), Some(_)) => problems.push((

@@ -2,7 +2,7 @@
 //! the files they name hold is checked by the gateway (`gateway::tls::
 //! problems`), which reads them as `serve` would.
 
-use super::Problems;
+use crate::problem::Problems;
 use crate::problem::Unreadable;
 use crate::schema::{Scheme, Spec, endpoint_scheme};
 use crate::security::{ClientAuth, ListenerTls, UpstreamTls};

@@ -5,11 +5,14 @@
 //! next. A pool's runtime (its replicas' load, connections, prefix index,
 //! scrapers) is not part of a generation: it carries over by the pool's
 //! name, and every source of change — the file at start, a reload, later
-//! discovery — goes through the same [`Runtimes::build`].
+//! discovery — goes through the same [`Runtimes::build`]. Authentication
+//! is the same: keys files and JWKS carry over by path or URL
+//! ([`crate::auth::Sources`]), the rest is rebuilt.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::auth::{Authenticator, Sources};
 use crate::edge::ForwardedPaths;
 use crate::limits::{Limiter, Store};
 use crate::pool::{Pool, Runtime};
@@ -21,6 +24,8 @@ use crate::upstream::TrustedProxies;
 pub struct Generation {
     /// Which config this is, for `/debug/config`.
     pub applied: Applied,
+    /// Who callers are and which models their tenants may use.
+    pub auth: Authenticator,
     pub routes: ModelTable,
     /// In config order.
     pub pools: Vec<Arc<Pool>>,
@@ -95,6 +100,8 @@ impl Generation {
 /// Every pool's runtime by name: what one generation hands the next.
 pub struct Runtimes {
     by_name: HashMap<String, Arc<Runtime>>,
+    /// Keys files, JWKS and argon2id results.
+    auth: Sources,
     /// Worker threads, each with its own connections per pool.
     workers: usize,
     /// Rate-limit counts (or the Redis connection), kept while the
@@ -108,6 +115,7 @@ impl Runtimes {
     pub fn new(workers: usize) -> Self {
         Self {
             by_name: HashMap::new(),
+            auth: Sources::default(),
             workers,
             limit_store: None,
             built: 0,
@@ -129,7 +137,9 @@ impl Runtimes {
                 );
             }
         }
-        // First: the only step here that can fail, before anything changes.
+        // First: a keys file or JWKS file that cannot be read refuses the
+        // config before any pool is touched.
+        let auth = self.auth.build(spec)?;
         let limit_store = Store::for_config(&spec.rate_limits, self.limit_store.as_ref())?;
         // Everything that can fail is done before any pool changes: a
         // generation that cannot be built leaves the one in force alone.
@@ -167,6 +177,7 @@ impl Runtimes {
                 at: std::time::SystemTime::now(),
                 spec: spec.clone(),
             },
+            auth,
             routes: ModelTable::new(&spec.pools, &pools),
             pools,
             limits: spec.limits.clone(),

@@ -22,7 +22,7 @@ use prometheus_client::registry::Registry;
 use super::gauges::{
     FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
 };
-use super::labels::Name;
+use super::labels::{Name, TenantLabel};
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
 /// generation), about three buckets per decade so quantiles stay within
@@ -63,6 +63,7 @@ struct RouteLabels {
 struct RequestLabels {
     pool: Name,
     model: Name,
+    tenant: Name,
     code: u16,
 }
 
@@ -70,6 +71,19 @@ struct RequestLabels {
 struct ConfigReloadLabels {
     /// `applied` or `refused`.
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantRouteLabels {
+    pool: Name,
+    model: Name,
+    tenant: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthFailureLabels {
+    credential: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -114,9 +128,10 @@ struct Families {
     request_duration: HistogramFamily<RouteLabels>,
     ttft: HistogramFamily<RouteLabels>,
     inter_token: HistogramFamily<RouteLabels>,
-    prompt_tokens: Family<RouteLabels, Counter>,
-    completion_tokens: Family<RouteLabels, Counter>,
+    prompt_tokens: Family<TenantRouteLabels, Counter>,
+    completion_tokens: Family<TenantRouteLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
+    auth_failures: Family<AuthFailureLabels, Counter>,
     retries: Family<PoolLabels, Counter>,
     pick_duration: HistogramFamily<PoolLabels>,
     pick_fallbacks: Family<PoolLabels, Counter>,
@@ -143,6 +158,7 @@ impl Families {
             prompt_tokens: Family::default(),
             completion_tokens: Family::default(),
             refused: Family::default(),
+            auth_failures: Family::default(),
             retries: Family::default(),
             pick_duration: Family::new_with_constructor(pick_histogram),
             pick_fallbacks: Family::default(),
@@ -168,7 +184,7 @@ impl Families {
         );
         registry.register(
             "infergate_requests",
-            "Requests that reached routing, by final HTTP status (pool and model empty when the model is unknown)",
+            "Requests that reached routing, by tenant and final HTTP status (pool and model empty when the model is unknown)",
             f.requests.clone(),
         );
         registry.register(
@@ -200,6 +216,11 @@ impl Families {
             "infergate_refused",
             "Requests the gateway answered itself with an error after routing, by reason",
             f.refused.clone(),
+        );
+        registry.register(
+            "infergate_auth_failures",
+            "Requests refused because their credential was missing or invalid, by credential kind and reason",
+            f.auth_failures.clone(),
         );
         registry.register(
             "infergate_retries",
@@ -432,6 +453,16 @@ impl Metrics {
         }))
     }
 
+    /// A request was refused at authentication: `credential` is `api_key`
+    /// or `token`, `reason` the word the client was told (both from fixed
+    /// sets).
+    pub fn count_auth_failure(&self, credential: &'static str, reason: &'static str) {
+        self.families
+            .auth_failures
+            .get_or_create(&AuthFailureLabels { credential, reason })
+            .inc();
+    }
+
     /// Where the gateway's own gauges are read from, once it runs; later
     /// calls are ignored.
     pub fn read_server_gauges(&self, read: impl Fn() -> Vec<ServerGauge> + Send + Sync + 'static) {
@@ -553,17 +584,14 @@ pub struct RouteMetrics {
     pool: Name,
     model: Name,
     requests: Family<RequestLabels, Counter>,
-    /// The family's 200 series, looked up on the first 200 and kept: most
-    /// requests end with it.
-    ok: std::sync::OnceLock<Counter>,
     refused: Family<RefusedLabels, Counter>,
     retries: Counter,
     queue_wait: [Histogram; 3],
     duration: Histogram,
     ttft: Histogram,
     inter_token: Histogram,
-    prompt_tokens: Counter,
-    completion_tokens: Counter,
+    prompt_tokens: Family<TenantRouteLabels, Counter>,
+    completion_tokens: Family<TenantRouteLabels, Counter>,
 }
 
 impl std::fmt::Debug for RouteMetrics {
@@ -583,15 +611,14 @@ impl RouteMetrics {
         };
         Self {
             requests: f.requests.clone(),
-            ok: std::sync::OnceLock::new(),
             refused: f.refused.clone(),
             retries: shared.retries.clone(),
             queue_wait: shared.queue_wait.clone(),
             duration: f.request_duration.get_or_create(&labels).clone(),
             ttft: f.ttft.get_or_create(&labels).clone(),
             inter_token: f.inter_token.get_or_create(&labels).clone(),
-            prompt_tokens: f.prompt_tokens.get_or_create(&labels).clone(),
-            completion_tokens: f.completion_tokens.get_or_create(&labels).clone(),
+            prompt_tokens: f.prompt_tokens.clone(),
+            completion_tokens: f.completion_tokens.clone(),
             pool,
             model,
         }
@@ -602,23 +629,17 @@ impl RouteMetrics {
         &self.pool
     }
 
-    /// The request's final status. A lookup in the family by status code:
-    /// no allocation once a code has been seen.
-    pub fn count_request(&self, code: u16) {
-        let series = || {
-            self.requests
-                .get_or_create(&RequestLabels {
-                    pool: self.pool.clone(),
-                    model: self.model.clone(),
-                    code,
-                })
-                .clone()
-        };
-        if code == 200 {
-            self.ok.get_or_init(series).inc();
-        } else {
-            series().inc();
-        }
+    /// The request's final status. A lookup in the family by tenant and
+    /// status code: no allocation once the pair has been seen.
+    pub fn count_request(&self, tenant: &TenantLabel, code: u16) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                pool: self.pool.clone(),
+                model: self.model.clone(),
+                tenant: tenant.0.clone(),
+                code,
+            })
+            .inc();
     }
 
     /// The gateway refused the request for `reason` (one of a fixed set).
@@ -657,12 +678,17 @@ impl RouteMetrics {
         self.inter_token.observe(d.as_secs_f64());
     }
 
-    pub fn count_tokens(&self, prompt: Option<u64>, completion: Option<u64>) {
+    pub fn count_tokens(&self, tenant: &TenantLabel, prompt: Option<u64>, completion: Option<u64>) {
+        let labels = || TenantRouteLabels {
+            pool: self.pool.clone(),
+            model: self.model.clone(),
+            tenant: tenant.0.clone(),
+        };
         if let Some(n) = prompt {
-            self.prompt_tokens.inc_by(n);
+            self.prompt_tokens.get_or_create(&labels()).inc_by(n);
         }
         if let Some(n) = completion {
-            self.completion_tokens.inc_by(n);
+            self.completion_tokens.get_or_create(&labels()).inc_by(n);
         }
     }
 }
@@ -684,6 +710,7 @@ pub fn refusal_reason(error: &crate::error::ApiError) -> &'static str {
         Some("model_not_found") => "model-not-found",
         Some("rate_limit_exceeded") => "rate-limited",
         Some("limits_unavailable") => "limits-unavailable",
+        Some("model_not_allowed") => "model-not-allowed",
         _ if error.status == http::StatusCode::BAD_REQUEST => "invalid-request",
         _ => "other",
     }
@@ -721,22 +748,35 @@ mod tests {
             Name::new("m".into()),
             shared,
         );
-        route.count_request(200);
-        route.count_request(200);
-        route.count_request(404);
+        let (a, other) = (TenantLabel::new("a"), TenantLabel::new("other"));
+        route.count_request(&a, 200);
+        route.count_request(&a, 200);
+        route.count_request(&other, 200);
+        route.count_request(&a, 404);
         route.count_refusal("saturated");
         route.observe_ttft(Duration::from_millis(30));
-        route.count_tokens(Some(7), None);
+        route.count_tokens(&a, Some(7), None);
+        metrics.count_auth_failure("token", "expired");
         let out = metrics.encode();
         assert!(out.ends_with("# EOF\n"), "{out}");
         assert_eq!(
             line(
                 &out,
-                "infergate_requests_total{pool=\"p\",model=\"m\",code=\"200\"}"
+                "infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"a\",code=\"200\"}"
             ),
-            Some("infergate_requests_total{pool=\"p\",model=\"m\",code=\"200\"} 2")
+            Some("infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"a\",code=\"200\"} 2")
         );
-        assert!(out.contains("infergate_requests_total{pool=\"p\",model=\"m\",code=\"404\"} 1"));
+        assert!(out.contains(
+            "infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"other\",code=\"200\"} 1"
+        ));
+        assert!(out.contains(
+            "infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"a\",code=\"404\"} 1"
+        ));
+        assert!(
+            out.contains(
+                "infergate_auth_failures_total{credential=\"token\",reason=\"expired\"} 1"
+            )
+        );
         assert!(out.contains("infergate_refused_total{pool=\"p\",reason=\"saturated\"} 1"));
         assert!(
             out.contains("infergate_ttft_seconds_bucket{le=\"0.035\",pool=\"p\",model=\"m\"} 1")
@@ -745,18 +785,22 @@ mod tests {
             out.contains("infergate_ttft_seconds_bucket{le=\"0.02\",pool=\"p\",model=\"m\"} 0")
         );
         assert!(out.contains("infergate_ttft_seconds_count{pool=\"p\",model=\"m\"} 1"));
-        assert!(out.contains("infergate_prompt_tokens_total{pool=\"p\",model=\"m\"} 7"));
+        assert!(
+            out.contains("infergate_prompt_tokens_total{pool=\"p\",model=\"m\",tenant=\"a\"} 7")
+        );
     }
 
     #[test]
     fn unrouted_requests_have_empty_labels_and_no_refusals() {
         let metrics = Metrics::new();
         let unrouted = metrics.unrouted();
-        unrouted.count_request(404);
+        unrouted.count_request(&TenantLabel::new("anonymous"), 404);
         unrouted.count_refusal("model-not-found");
         assert!(Arc::ptr_eq(&unrouted, &metrics.unrouted()));
         let out = metrics.encode();
-        assert!(out.contains("infergate_requests_total{pool=\"\",model=\"\",code=\"404\"} 1"));
+        assert!(out.contains(
+            "infergate_requests_total{pool=\"\",model=\"\",tenant=\"anonymous\",code=\"404\"} 1"
+        ));
         assert!(!out.contains("infergate_refused_total{"), "{out}");
     }
 

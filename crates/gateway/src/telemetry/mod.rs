@@ -32,6 +32,7 @@ pub mod trace_context;
 pub mod traffic;
 
 pub use gauges::FlowGauges;
+pub use labels::TenantLabel;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
 pub use metrics::{
     EndpointMetrics, ListenerTlsMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason,

@@ -30,6 +30,7 @@ pub fn request_span(
         url.path = path,
         request_id = request_id.to_str().unwrap_or("-"),
         gen_ai.request.model = tracing::field::Empty,
+        infergate.tenant = tracing::field::Empty,
         infergate.pool = tracing::field::Empty,
         infergate.endpoint = tracing::field::Empty,
         infergate.retries = tracing::field::Empty,

@@ -9,4 +9,4 @@ mod outgoing;
 
 pub use connections::{Connections, Response};
 pub use forwarded::{Forwarded, TrustedProxies};
-pub use outgoing::{Outgoing, REQUEST_ID};
+pub use outgoing::{CallerFields, Outgoing, REQUEST_ID};

@@ -11,13 +11,23 @@ use crate::telemetry::trace_context::TRACEPARENT;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// What the replica is told about the caller, beyond what the client sent:
+/// fields of the client's it does not get (the credential the gateway
+/// consumed, any client copy of the tenant header) and the tenant header
+/// the gateway sets.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallerFields<'a> {
+    pub removed: [Option<&'a HeaderName>; 2],
+    pub tenant: Option<(&'a HeaderName, &'a HeaderValue)>,
+}
+
 /// The request a replica is sent: the client's method, path, query and
 /// end-to-end headers, its body byte for byte, and the fields the gateway
 /// sets itself, which replace any the client sent: the request id, the
 /// trace context for the replica (see
-/// [`crate::telemetry::trace_context`]) and the forwarding fields. The
-/// client's `x-infergate-*` fields are the gateway's to read, not the
-/// replica's.
+/// [`crate::telemetry::trace_context`]), the forwarding fields and the
+/// caller's tenant. The client's `x-infergate-*` fields are the gateway's
+/// to read, not the replica's.
 pub struct Outgoing<'a> {
     pub method: &'a Method,
     pub uri: &'a Uri,
@@ -26,6 +36,7 @@ pub struct Outgoing<'a> {
     pub request_id: &'a HeaderValue,
     pub traceparent: &'a HeaderValue,
     pub forwarded: &'a Forwarded,
+    pub caller: CallerFields<'a>,
 }
 
 impl Outgoing<'_> {
@@ -47,10 +58,15 @@ impl Outgoing<'_> {
             &header::EXPECT,
         ];
         let mut map = HeaderMap::with_capacity(self.headers.len() + 4);
+        let removed = |name: &HeaderName| self.caller.removed.contains(&Some(name));
         for (name, value) in headers::end_to_end(self.headers) {
-            if !replaced.contains(&name) && !name.as_str().starts_with(OWN_PREFIX) {
+            if !replaced.contains(&name) && !name.as_str().starts_with(OWN_PREFIX) && !removed(name)
+            {
                 map.append(name.clone(), value.clone());
             }
+        }
+        if let Some((name, value)) = self.caller.tenant {
+            map.insert(name.clone(), value.clone());
         }
         map.insert(REQUEST_ID, self.request_id.clone());
         map.insert(TRACEPARENT, self.traceparent.clone());
@@ -153,6 +169,7 @@ mod tests {
             request_id: &request_id,
             traceparent: &ours,
             forwarded: &forwarded,
+            caller: CallerFields::default(),
         };
         let expected = |req: &Request<Full<Bytes>>, host: Option<&str>| {
             let mut fields: Vec<String> = req
@@ -192,6 +209,46 @@ mod tests {
     }
 
     #[test]
+    fn the_replica_gets_the_gateways_tenant_field_not_the_clients_credential() {
+        let headers = pairs(&[
+            ("authorization", "Bearer ig-secret"),
+            ("x-tenant", "forged"),
+            ("x-tenant", "forged again"),
+            ("x-api-key", "kept: not the one consumed"),
+        ]);
+        let uri = Uri::from_static("/v1/chat/completions");
+        let (body, value) = (Bytes::new(), HeaderValue::from_static("x"));
+        let forwarded = Forwarded::new(
+            &headers,
+            "127.0.0.1:1".parse().unwrap(),
+            "http",
+            &TrustedProxies::default(),
+        );
+        let (tenant_header, tenant) = (
+            HeaderName::from_static("x-tenant"),
+            HeaderValue::from_static("team-a"),
+        );
+        let outgoing = Outgoing {
+            method: &Method::POST,
+            uri: &uri,
+            headers: &headers,
+            body: &body,
+            request_id: &value,
+            traceparent: &value,
+            forwarded: &forwarded,
+            caller: CallerFields {
+                removed: [Some(&header::AUTHORIZATION), Some(&tenant_header)],
+                tenant: Some((&tenant_header, &tenant)),
+            },
+        };
+        let req = outgoing.http1("10.0.0.1:80").unwrap();
+        assert!(req.headers().get(header::AUTHORIZATION).is_none());
+        let tenants: Vec<_> = req.headers().get_all("x-tenant").iter().collect();
+        assert_eq!(tenants, [&tenant]);
+        assert_eq!(req.headers()["x-api-key"], "kept: not the one consumed");
+    }
+
+    #[test]
     fn an_address_that_makes_no_uri_is_an_error_not_a_panic() {
         let headers = HeaderMap::new();
         // Near the longest URI `http` parses from a string, which a URI
@@ -214,6 +271,7 @@ mod tests {
             request_id: &value,
             traceparent: &value,
             forwarded: &forwarded,
+            caller: CallerFields::default(),
         };
         assert!(outgoing.http2("10.0.0.1:80").is_ok());
         let long_host = "vllm-llama-8b.inference.svc.cluster.local:8000";

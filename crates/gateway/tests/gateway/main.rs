@@ -10,6 +10,7 @@
 //!   trace context, the dashboard;
 //! - [`fleet_page`]: the fleet page's files and the JSON it polls;
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
+//! - [`auth`]: API keys, tokens and their attacks, tenants' rules;
 //! - [`reload`]: a new config applied while requests run;
 //! - [`limits`]: rate limits, locally and shared through a real Redis;
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
@@ -21,6 +22,7 @@
 //! descriptors) are in a binary of their own, `descriptors.rs`.
 
 mod attack;
+mod auth;
 mod fleet_page;
 mod flow;
 mod limits;

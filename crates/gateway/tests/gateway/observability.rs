@@ -174,10 +174,16 @@ async fn a_known_sequence_gives_exact_counters() {
     let qwen = [("pool", "stream"), ("model", "qwen")];
 
     // Requests by final status; the malformed one never reached routing.
+    // Authentication is off: every caller is anonymous.
     let requests = |pool, model, code| {
         m.value(
             "infergate_requests_total",
-            &[("pool", pool), ("model", model), ("code", code)],
+            &[
+                ("pool", pool),
+                ("model", model),
+                ("tenant", "anonymous"),
+                ("code", code),
+            ],
         )
     };
     assert_eq!(requests("llama", "llama-8b", "200"), 3.0);
@@ -214,11 +220,25 @@ async fn a_known_sequence_gives_exact_counters() {
         2.0
     );
 
-    // Tokens from the usage the replicas reported.
-    assert_eq!(m.value("infergate_prompt_tokens_total", &llama), 15.0);
-    assert_eq!(m.value("infergate_completion_tokens_total", &llama), 21.0);
-    assert_eq!(m.value("infergate_prompt_tokens_total", &qwen), 4.0);
-    assert_eq!(m.value("infergate_completion_tokens_total", &qwen), 6.0);
+    // Tokens from the usage the replicas reported, by tenant.
+    let anonymous =
+        |route: [(&'static str, &'static str); 2]| [route[0], route[1], ("tenant", "anonymous")];
+    assert_eq!(
+        m.value("infergate_prompt_tokens_total", &anonymous(llama)),
+        15.0
+    );
+    assert_eq!(
+        m.value("infergate_completion_tokens_total", &anonymous(llama)),
+        21.0
+    );
+    assert_eq!(
+        m.value("infergate_prompt_tokens_total", &anonymous(qwen)),
+        4.0
+    );
+    assert_eq!(
+        m.value("infergate_completion_tokens_total", &anonymous(qwen)),
+        6.0
+    );
 
     // Decisions and refusals.
     assert_eq!(

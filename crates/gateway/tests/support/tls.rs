@@ -38,9 +38,9 @@ pub enum Key {
 }
 
 /// One RSA key for the whole run: generating one takes a while.
-fn rsa_key() -> &'static rsa::RsaPrivateKey {
-    static KEY: OnceLock<rsa::RsaPrivateKey> = OnceLock::new();
-    KEY.get_or_init(|| rsa::RsaPrivateKey::new(&mut rand::thread_rng(), 2048).unwrap())
+fn rsa_key() -> &'static rsa::PrivateKey {
+    static KEY: OnceLock<rsa::PrivateKey> = OnceLock::new();
+    KEY.get_or_init(|| rsa::PrivateKey::new(&mut getrandom::SysRng, 2048).unwrap())
 }
 
 /// A key pair rcgen signs with, and its PEM as written to a key file.

@@ -242,6 +242,7 @@ fn request(_to: SocketAddr) -> &'static Outgoing<'static> {
         request_id: &ID,
         traceparent: &TRACE,
         forwarded: &FORWARDED,
+        caller: Default::default(),
     });
     &REQUEST
 }
