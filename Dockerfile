@@ -6,7 +6,9 @@
 #     -v $PWD/gateway.yaml:/etc/infergate/config.yaml:ro infergate
 #
 # The config's listeners must bind 0.0.0.0 (not 127.0.0.1) to be reachable
-# from outside the container. Without a mounted config, run
+# from outside the container, and such a listener needs `spec.auth` (API
+# keys, JWT, or `auth: {mode: none}` behind an authenticating proxy;
+# docs/security.md). Without a mounted config, run
 # `docker run --rm -p 8080:8080 -p 9464:9464 infergate serve
 #  --listen 0.0.0.0:8080 --admin-listen 0.0.0.0:9464` for the demo fleet.
 
