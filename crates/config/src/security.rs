@@ -287,7 +287,8 @@ pub enum LimitBackend {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Redis {
-    /// `redis://host:port/db` or `rediss://…` for TLS.
+    /// `redis://[:password@]host:port/db`. (`rediss://`, Redis over TLS,
+    /// is not supported yet.)
     pub url: String,
     /// Longest wait for one answer before `onBackendError` decides.
     #[serde(default, with = "humantime_serde")]

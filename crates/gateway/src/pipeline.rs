@@ -93,7 +93,7 @@ async fn route(
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
         (&Method::GET, "/v1/models") => {
-            let caller = match authenticate(state, &generation, &req.headers).await {
+            let caller = match authenticate(state, &generation, &req).await {
                 Ok(caller) => caller,
                 Err(e) => return e.into_response(),
             };
@@ -104,7 +104,7 @@ async fn route(
             }
         }
         (&Method::GET, path) if path.starts_with(MODEL_PREFIX) => {
-            let caller = match authenticate(state, &generation, &req.headers).await {
+            let caller = match authenticate(state, &generation, &req).await {
                 Ok(caller) => caller,
                 Err(e) => return e.into_response(),
             };
@@ -171,6 +171,15 @@ async fn infer(
         return refuse(record, ApiError::shutting_down());
     }
     let proto = req.scheme();
+    // 2. authenticate, before the body is read: a caller without a valid
+    // credential never holds any of the body budget.
+    let caller = match authenticate(state, &generation, &req)
+        .instrument(stage_span!("authenticate"))
+        .await
+    {
+        Ok(caller) => caller,
+        Err(e) => return refuse(record, e),
+    };
     let Request {
         method,
         uri,
@@ -179,16 +188,6 @@ async fn infer(
         peer,
         ..
     } = req;
-
-    // 2. authenticate, before the body is read: a caller without a valid
-    // credential never holds any of the body budget.
-    let caller = match authenticate(state, &generation, &headers)
-        .instrument(stage_span!("authenticate"))
-        .await
-    {
-        Ok(caller) => caller,
-        Err(e) => return refuse(record, e),
-    };
     record.identified(caller.as_logged());
 
     // 1. accept, its last step: the body, within its limit and the
@@ -568,14 +567,28 @@ async fn error_body(
 async fn authenticate(
     state: &State,
     generation: &Generation,
-    headers: &HeaderMap,
+    req: &Request,
 ) -> Result<Identity, ApiError> {
-    // The TLS listener will hand in the tenant of a verified client
-    // certificate here.
-    let verified_client = None;
+    // The tenant a verified client certificate names, when the config
+    // identifies callers by their certificates.
+    let tenant_from = generation
+        .applied
+        .spec
+        .auth
+        .as_ref()
+        .and_then(|a| a.client_certificates.as_ref())
+        .map(|c| c.tenant_from);
+    let verified_client = req
+        .client_cert
+        .as_deref()
+        .zip(tenant_from)
+        .and_then(|(cert, from)| match from {
+            config::CertificateName::CommonName => cert.common_name.as_deref(),
+            config::CertificateName::DnsName => cert.dns_names.first().map(String::as_str),
+        });
     generation
         .auth
-        .authenticate(headers, verified_client)
+        .authenticate(&req.headers, verified_client)
         .await
         .map_err(|e: AuthError| {
             state

@@ -112,10 +112,15 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
         _ => {}
     }
     if let Some(redis) = &limits.redis {
-        if !(redis.url.starts_with("redis://") || redis.url.starts_with("rediss://")) {
+        if redis.url.starts_with("rediss://") {
             p.add(
                 "spec.rateLimits.redis.url",
-                format!("{:?} must start with redis:// or rediss://", redis.url),
+                "rediss:// (Redis over TLS) is not supported yet; use redis:// on a network you trust",
+            );
+        } else if !redis.url.starts_with("redis://") {
+            p.add(
+                "spec.rateLimits.redis.url",
+                format!("{:?} must start with redis://", redis.url),
             );
         }
         if redis.timeout.is_some_and(|t| t.is_zero()) {

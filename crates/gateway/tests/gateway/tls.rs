@@ -335,6 +335,37 @@ async fn optional_client_certificates_may_be_left_out_but_not_forged() {
     );
 }
 
+/// With `auth.clientCertificates`, a verified client certificate is the
+/// caller's credential: its common name is the tenant (passed on to the
+/// replica), and a client without one is refused with 401.
+#[tokio::test]
+async fn a_client_certificate_names_the_callers_tenant() {
+    let replica = FakeReplica::start("r", Behaviour::Echo).await;
+    let (ca, clients) = (Ca::new("ca"), Ca::new("clients"));
+    let files = Files::new(&ca.server(&["localhost"], Key::EcdsaPkcs8));
+    files.write_ca(&clients);
+    let mut cfg = config("", &plain_pool(&[&replica.addr.to_string()], ""));
+    cfg.spec.listeners[0].tls = Some(files.with_client_ca(ClientAuth::Optional));
+    cfg.spec.auth = Some(config::Auth {
+        client_certificates: Some(config::ClientCertificates {
+            tenant_from: config::CertificateName::CommonName,
+        }),
+        tenant_header: Some("x-tenant".to_owned()),
+        ..Default::default()
+    });
+    let cfg = config::validated(cfg).unwrap();
+    let gw = Gateway::start(&cfg).await.unwrap();
+
+    let ours = clients.client("team-a", "a.example");
+    assert!(answered(&gw, Client::new(&ca).cert(&ours)).await);
+    assert_eq!(replica.received()[0].headers["x-tenant"], "team-a");
+
+    let stream = Client::new(&ca).connect(gw.addr()).await.unwrap();
+    let (status, _, body) = Http::over(stream).await.chat().await.unwrap();
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(replica.count(), 1);
+}
+
 #[tokio::test]
 async fn a_new_client_ca_is_put_in_force() {
     let replica = FakeReplica::start("r", Behaviour::Echo).await;
