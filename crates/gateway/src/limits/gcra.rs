@@ -10,6 +10,11 @@
 //! The Redis backend runs the same steps in a Lua script (`redis.rs`);
 //! `tests` in that module hold both to the same answers.
 
+/// Overshoot ignored, in milliseconds: `(now + x) - now` is not exactly
+/// `x` in floating point, and a cost that exactly fits must not be refused
+/// "for 1 ms" by a rounding error.
+pub const SLACK_MS: f64 = 0.01;
+
 /// One limit as the algorithm sees it. Times in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cell {
@@ -48,14 +53,14 @@ pub fn charge(
         let increment = cost * cell.interval;
         let new_tat = tat + increment;
         let over = new_tat - now - cell.tolerance;
-        if increment > cell.tolerance {
+        if increment > cell.tolerance + SLACK_MS {
             fits = false;
             verdicts.push(Verdict {
                 remaining: remaining(cell, tat - now),
                 reset_ms: tat - now,
                 retry_ms: f64::INFINITY,
             });
-        } else if over > 0.0 {
+        } else if over > SLACK_MS {
             fits = false;
             verdicts.push(Verdict {
                 remaining: remaining(cell, tat - now),
@@ -117,6 +122,19 @@ mod tests {
         assert_eq!(v[0].reset_ms, 1000.0);
         // One interval later, exactly one more fits.
         let (ok, _) = charge(&[CELL], &[tat], &[1.0], 100.0);
+        assert!(ok.is_some());
+    }
+
+    #[test]
+    fn a_cost_that_exactly_fits_is_not_refused_by_rounding() {
+        // At this `now`, (now + 1000) - now is not exactly 1000.
+        let now = 130_201.535_346_479_37;
+        assert!((now + 1000.0) - now > 1000.0);
+        let one_a_second = Cell {
+            interval: 1000.0,
+            tolerance: 1000.0,
+        };
+        let (ok, _) = charge(&[one_a_second], &[None], &[1.0], now);
         assert!(ok.is_some());
     }
 

@@ -37,12 +37,13 @@ for i = 1, #KEYS do
   local increment = cost * interval
   local new_tat = tat + increment
   local over = new_tat - now - tolerance
-  if increment > tolerance then
+  -- SLACK: as gcra::SLACK_MS, rounding is no reason to refuse.
+  if increment > tolerance + 0.01 then
     fits = 0
     table.insert(out, remaining(interval, tolerance, tat - now))
     table.insert(out, math.ceil(tat - now))
     table.insert(out, -1)
-  elseif over > 0 then
+  elseif over > 0.01 then
     fits = 0
     table.insert(out, remaining(interval, tolerance, tat - now))
     table.insert(out, math.ceil(tat - now))
