@@ -287,8 +287,8 @@ pub enum LimitBackend {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Redis {
-    /// `redis://[:password@]host:port/db`. (`rediss://`, Redis over TLS,
-    /// is not supported yet.)
+    /// `redis://[:password@]host:port/db`, or `rediss://` for Redis over
+    /// TLS.
     pub url: String,
     /// Longest wait for one answer before `onBackendError` decides.
     #[serde(default, with = "humantime_serde")]
@@ -296,6 +296,26 @@ pub struct Redis {
     /// Prefix of every key the gateway writes.
     #[serde(default)]
     pub key_prefix: Option<String>,
+    /// For `rediss://`: the CAs to trust and a client certificate.
+    #[serde(default)]
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis (`rediss://`). The server's certificate is checked against
+/// the system's roots, or `caFile`, and the URL's host.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RedisTls {
+    /// PEM CA certificates Redis's certificate chains to (a private CA, as
+    /// cert-manager issues in a cluster); the system's roots when absent.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// A client certificate, for a Redis that asks for one
+    /// (`tls-auth-clients yes`).
+    #[serde(default)]
+    pub cert_file: Option<String>,
+    #[serde(default)]
+    pub key_file: Option<String>,
 }
 
 impl Redis {

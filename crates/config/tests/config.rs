@@ -473,3 +473,35 @@ fn a_keys_file_is_a_list_of_keys_checked_like_the_configs() {
         "not a list"
     );
 }
+
+#[test]
+fn redis_urls_and_tls_are_checked() {
+    let with = |redis: &str| {
+        minimal("    - {name: p, models: [m], endpoints: [\"127.0.0.1:9000\"]}\n")
+            + &format!("  rateLimits: {{backend: redis, redis: {redis}}}\n")
+    };
+    for fine in [
+        "{url: \"redis://r:6379/0\"}",
+        "{url: \"rediss://r:6380/0\"}",
+        "{url: \"rediss://r:6380\", tls: {caFile: ca.pem, certFile: c.pem, keyFile: k.pem}}",
+    ] {
+        if let Err(e) = from_yaml(&with(fine)) {
+            panic!("{fine}: {e}");
+        }
+    }
+    let found = problems(&with("{url: \"http://r:6379\"}"));
+    assert!(
+        found[0].contains("spec.rateLimits.redis.url") && found[0].contains("rediss://"),
+        "{found:?}"
+    );
+    let found = problems(&with("{url: \"redis://r:6379\", tls: {caFile: ca.pem}}"));
+    assert!(
+        found[0].contains("spec.rateLimits.redis.tls") && found[0].contains("rediss://"),
+        "{found:?}"
+    );
+    let found = problems(&with("{url: \"rediss://r\", tls: {certFile: c.pem}}"));
+    assert!(
+        found[0].contains("spec.rateLimits.redis.tls.keyFile"),
+        "{found:?}"
+    );
+}

@@ -26,7 +26,7 @@
 //! compared under the same load, slice by slice.
 //!
 //! `--security` adds infergate with each security feature on (rate limits
-//! counted locally and in Redis, API keys, JWT) as more targets, each
+//! counted locally and in Redis, an API key with local limits, JWT) as more targets, each
 //! compared with plain infergate in the same run; it starts its own
 //! `redis-server`.
 //!
@@ -417,7 +417,7 @@ fn main() {
     let redis = args.security.then(|| Redis::start(dir.path()));
     let variants: Vec<(Variant, u16, Proc)> = redis
         .iter()
-        .flat_map(|redis| security_variants(&redis.url))
+        .flat_map(|redis| security_variants(&redis.url, dir.path()))
         .map(|v| {
             let port = free_port();
             let name = v.name.replace(' ', "-");
@@ -639,8 +639,23 @@ struct Variant {
 }
 
 /// Limits high enough never to refuse: what is measured is their cost.
-fn security_variants(redis_url: &str) -> Vec<Variant> {
+/// The API key and the token are checked on every request (the token's
+/// signature once, then from the gateway's cache, as for a real client
+/// that reuses its token).
+fn security_variants(redis_url: &str, dir: &Path) -> Vec<Variant> {
     const NEVER: &str = "{requestsPerSecond: 1000000000, tokensPerMinute: 1000000000000}";
+    const KEY: &str = "ig-bench-0123456789abcdefghijklmnopqrstuvwxyz";
+    let key_sha256: String = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(KEY.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    let (jwks, token) = jwt();
+    let jwks_file = dir.join("jwks.json");
+    std::fs::write(&jwks_file, jwks).unwrap();
+    let bearer = |credential: &str| Some(("authorization", format!("Bearer {credential}")));
     vec![
         Variant {
             name: "infergate + local limits",
@@ -654,7 +669,47 @@ fn security_variants(redis_url: &str) -> Vec<Variant> {
             ),
             header: None,
         },
+        Variant {
+            name: "infergate + API key + local limits",
+            spec: format!(
+                "  auth: {{apiKeys: {{keys: [{{tenant: t, sha256: {key_sha256}}}]}}}}\n  rateLimits: {{global: {NEVER}}}\n"
+            ),
+            header: bearer(KEY),
+        },
+        Variant {
+            name: "infergate + JWT",
+            spec: format!(
+                "  auth: {{jwt: {{issuers: [{{issuer: \"https://issuer.bench\", audiences: [infergate], jwksFile: \"{}\", algorithms: [ES256]}}]}}}}\n",
+                jwks_file.display()
+            ),
+            header: bearer(&token),
+        },
     ]
+}
+
+/// A JWKS with one fresh P-256 key, and a token it signs, valid for a day.
+fn jwt() -> (String, String) {
+    use base64::Engine as _;
+    use p256::pkcs8::EncodePrivateKey as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let mut scalar = [0u8; 32];
+    getrandom::fill(&mut scalar).unwrap();
+    let key = p256::ecdsa::SigningKey::from_slice(&scalar).unwrap();
+    let point = key.verifying_key().to_sec1_point(false);
+    let point = point.as_bytes();
+    let jwks = serde_json::json!({"keys": [
+        {"kid": "bench", "kty": "EC", "crv": "P-256", "x": b64(&point[1..33]), "y": b64(&point[33..65])},
+    ]});
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({"iss": "https://issuer.bench", "aud": "infergate", "sub": "bench", "exp": now + 86_400});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("bench".to_owned());
+    let encoding = jsonwebtoken::EncodingKey::from_ec_der(key.to_pkcs8_der().unwrap().as_bytes());
+    let token = jsonwebtoken::encode(&header, &claims, &encoding).unwrap();
+    (jwks.to_string(), token)
 }
 
 /// A `redis-server` on a free port, for the Redis limits.

@@ -112,15 +112,28 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
         _ => {}
     }
     if let Some(redis) = &limits.redis {
-        if redis.url.starts_with("rediss://") {
+        let tls = redis.url.starts_with("rediss://");
+        if !tls && !redis.url.starts_with("redis://") {
             p.add(
                 "spec.rateLimits.redis.url",
-                "rediss:// (Redis over TLS) is not supported yet; use redis:// on a network you trust",
+                format!(
+                    "{:?} must start with redis:// or rediss:// (TLS)",
+                    redis.url
+                ),
             );
-        } else if !redis.url.starts_with("redis://") {
-            p.add(
-                "spec.rateLimits.redis.url",
-                format!("{:?} must start with redis://", redis.url),
+        }
+        if let Some(t) = &redis.tls {
+            if !tls {
+                p.add(
+                    "spec.rateLimits.redis.tls",
+                    "is only used with a rediss:// url; write rediss:// to speak TLS to Redis",
+                );
+            }
+            super::tls::check_file_pair(
+                p,
+                "spec.rateLimits.redis.tls",
+                [("caFile", &t.ca_file)],
+                (&t.cert_file, &t.key_file),
             );
         }
         if redis.timeout.is_some_and(|t| t.is_zero()) {

@@ -54,25 +54,37 @@ fn check_listener(p: &mut Problems, path: &str, tls: &ListenerTls) {
 }
 
 fn check_upstream(p: &mut Problems, path: &str, tls: &UpstreamTls) {
-    for (field, value) in [
-        ("caFile", &tls.ca_file),
-        ("serverName", &tls.server_name),
-        ("certFile", &tls.cert_file),
-        ("keyFile", &tls.key_file),
-    ] {
-        if value.as_deref() == Some("") {
-            p.add(format!("{path}.{field}"), "must not be empty");
-        }
-    }
-    match (&tls.cert_file, &tls.key_file) {
-        (Some(_), None) => p.add(format!("{path}.keyFile"), "certFile needs its keyFile"),
-        (None, Some(_)) => p.add(format!("{path}.certFile"), "keyFile needs its certFile"),
-        _ => {}
-    }
+    check_file_pair(
+        p,
+        path,
+        [("caFile", &tls.ca_file), ("serverName", &tls.server_name)],
+        (&tls.cert_file, &tls.key_file),
+    );
     if tls.insecure_skip_verify && tls.ca_file.is_some() {
         p.add(
             format!("{path}.caFile"),
             "is not used with insecureSkipVerify: true, which checks no certificate; remove one of them",
         );
+    }
+}
+
+/// What a client's TLS section must hold: no empty names, and a client
+/// certificate with its key.
+pub(super) fn check_file_pair<const N: usize>(
+    p: &mut Problems,
+    path: &str,
+    named: [(&str, &Option<String>); N],
+    (cert_file, key_file): (&Option<String>, &Option<String>),
+) {
+    let pair = [("certFile", cert_file), ("keyFile", key_file)];
+    for (field, value) in named.into_iter().chain(pair) {
+        if value.as_deref() == Some("") {
+            p.add(format!("{path}.{field}"), "must not be empty");
+        }
+    }
+    match (cert_file, key_file) {
+        (Some(_), None) => p.add(format!("{path}.keyFile"), "certFile needs its keyFile"),
+        (None, Some(_)) => p.add(format!("{path}.certFile"), "keyFile needs its certFile"),
+        _ => {}
     }
 }

@@ -42,15 +42,10 @@ impl Store {
         match (limits.backend, &limits.redis, previous) {
             (LimitBackend::Local, _, Some(Store::Local(s))) => Ok(Store::Local(Arc::clone(s))),
             (LimitBackend::Local, _, _) => Ok(Store::Local(Arc::default())),
-            (LimitBackend::Redis, Some(r), Some(Store::Redis(s)))
-                if s.serves(&r.url, r.timeout()) =>
-            {
+            (LimitBackend::Redis, Some(r), Some(Store::Redis(s))) if s.serves(r) => {
                 Ok(Store::Redis(Arc::clone(s)))
             }
-            (LimitBackend::Redis, Some(r), _) => Ok(Store::Redis(Arc::new(RedisStore::new(
-                &r.url,
-                r.timeout(),
-            )?))),
+            (LimitBackend::Redis, Some(r), _) => Ok(Store::Redis(Arc::new(RedisStore::new(r)?))),
             (LimitBackend::Redis, None, _) => {
                 anyhow::bail!("rateLimits.backend redis needs rateLimits.redis")
             }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
+
+use crate::tls::redis::RedisTlsFiles;
 use tokio::sync::watch;
 
 use super::gcra::{Cell, Verdict};
@@ -101,8 +103,48 @@ pub enum RedisError {
     Redis(#[from] redis::RedisError),
 }
 
+/// A client for `settings.url`: over TLS for `rediss://`, trusting the
+/// system's roots or `tls.caFile`, with `tls`'s client certificate.
+fn client(settings: &config::Redis, files: Option<RedisTlsFiles>) -> anyhow::Result<redis::Client> {
+    if settings.url.starts_with("rediss://") {
+        crate::tls::install_process_default();
+    }
+    let Some(files) = files else {
+        return Ok(redis::Client::open(settings.url.as_str())?);
+    };
+    let certificates = redis::TlsCertificates {
+        client_tls: files
+            .client
+            .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                client_cert,
+                client_key,
+            }),
+        root_cert: files.ca,
+    };
+    Ok(redis::Client::build_with_tls(
+        settings.url.as_str(),
+        certificates,
+    )?)
+}
+
+/// The files `settings.tls` names, as they are now.
+fn tls_files(settings: &config::Redis) -> anyhow::Result<Option<RedisTlsFiles>> {
+    let Some(tls) = &settings.tls else {
+        return Ok(None);
+    };
+    crate::tls::redis::read(tls).map(Some).map_err(|problems| {
+        anyhow::anyhow!(
+            "spec.rateLimits.redis.tls: {}",
+            crate::tls::FileProblem::joined(&problems)
+        )
+    })
+}
+
 pub struct RedisStore {
-    url: String,
+    /// The settings and TLS files it was made with: a reload with the same
+    /// ones keeps it, so a rotated certificate is used from the next one.
+    settings: config::Redis,
+    tls_files: Option<RedisTlsFiles>,
     timeout: Duration,
     /// Set by the connecting task once the first connection is up; the
     /// manager reconnects by itself after that.
@@ -116,8 +158,11 @@ pub struct RedisStore {
 impl RedisStore {
     /// Starts connecting in the background: the gateway starts (and
     /// answers by `onBackendError`) while Redis is down.
-    pub fn new(url: &str, timeout: Duration) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
+    pub fn new(settings: &config::Redis) -> anyhow::Result<Self> {
+        let url = settings.url.as_str();
+        let timeout = settings.timeout();
+        let tls_files = tls_files(settings)?;
+        let client = client(settings, tls_files.clone())?;
         let (slot, connection) = watch::channel(None);
         let shown = redacted(url);
         let connecting = tokio::spawn(async move {
@@ -139,7 +184,8 @@ impl RedisStore {
             }
         });
         Ok(Self {
-            url: url.to_owned(),
+            settings: settings.clone(),
+            tls_files,
             timeout,
             connection,
             charge: redis::Script::new(CHARGE),
@@ -148,9 +194,13 @@ impl RedisStore {
         })
     }
 
-    /// Whether this store can serve `url` with `timeout` (a reload keeps it).
-    pub fn serves(&self, url: &str, timeout: Duration) -> bool {
-        self.url == url && self.timeout == timeout
+    /// Whether this store serves `settings` (a reload keeps it; TLS files
+    /// are read again only when a setting changes).
+    pub fn serves(&self, settings: &config::Redis) -> bool {
+        self.settings.url == settings.url
+            && self.settings.timeout() == settings.timeout()
+            && self.settings.tls == settings.tls
+            && tls_files(settings).is_ok_and(|files| files == self.tls_files)
     }
 
     fn connection(&self) -> Result<ConnectionManager, RedisError> {

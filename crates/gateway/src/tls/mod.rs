@@ -5,7 +5,8 @@
 //!   the listener runs ([`reload`]).
 //! - [`client`]: TLS to a pool's `https://` replicas, for requests and
 //!   metric scrapes.
-//! - [`files`]: the PEM files both read, and what is wrong with them.
+//! - [`redis`]: the files of TLS to Redis, for shared rate limits.
+//! - [`files`]: the PEM files they all read, and what is wrong with them.
 //! - [`ClientCertificate`]: the names in a client's verified certificate,
 //!   handed to every request on its connection.
 //!
@@ -16,6 +17,7 @@ pub(crate) mod client;
 mod files;
 mod identity;
 mod provider;
+pub(crate) mod redis;
 mod reload;
 pub(crate) mod server;
 #[cfg(test)]
@@ -23,6 +25,7 @@ mod tests;
 
 pub use files::FileProblem;
 pub use identity::ClientCertificate;
+pub(crate) use provider::install_process_default;
 
 /// What `serve` would refuse in the files the config's TLS sections name
 /// (certificates, keys, CA bundles): unreadable, not PEM, a key that is
@@ -48,6 +51,12 @@ pub fn problems(config: &config::InferenceGatewayConfig) -> Vec<config::Problem>
         let at = format!("spec.pools[{i}].tls");
         found.extend(client::problems(pool).into_iter().map(|p| (at.clone(), p)));
     }
+    let at = "spec.rateLimits.redis.tls";
+    found.extend(
+        redis::problems(&spec.rate_limits)
+            .into_iter()
+            .map(|p| (at.to_owned(), p)),
+    );
     found
         .into_iter()
         .map(|(at, p)| config::Problem {

@@ -373,3 +373,73 @@ async fn a_stream_is_settled_to_its_usage_without_the_client_seeing_it() {
         "the client asked for usage: {text}"
     );
 }
+
+/// Limits shared through a Redis that speaks only TLS and asks for a
+/// client certificate: with the right CA and certificate the limit holds
+/// (the second request of a one-a-minute limit is refused), and with a CA
+/// that did not sign Redis's certificate no connection is made, so
+/// `onBackendError: deny` answers 503 rather than the request going
+/// through unchecked.
+#[tokio::test]
+async fn limits_are_shared_through_redis_over_tls() {
+    use crate::support::redis::TlsFiles;
+    use crate::support::tls::{Ca, Files, Key};
+    let ca = Ca::new("redis ca");
+    let server = Files::new(&ca.server(&["127.0.0.1"], Key::EcdsaPkcs8));
+    server.write_ca(&ca);
+    let redis = RedisServer::start_tls(TlsFiles {
+        cert: &server.cert,
+        key: &server.key,
+        client_ca: Some(&server.ca),
+    })
+    .await;
+    let client_cert = Files::new(&ca.client("gateway", "gateway.local"));
+    let stranger = Files::new(&Ca::new("another ca").server(&["127.0.0.1"], Key::EcdsaPkcs8));
+    stranger.write_ca(&Ca::new("a third ca"));
+    let replica = counting_replica().await;
+    let pools = plain_pool(&[&replica.addr.to_string()], "");
+    let spec = |ca: &std::path::Path| {
+        format!(
+            "  rateLimits: {{backend: redis, onBackendError: deny, global: {{requestsPerMinute: 1}}, \
+             redis: {{url: \"{}\", timeout: 2s, tls: {{caFile: \"{}\", certFile: \"{}\", keyFile: \"{}\"}}}}}}\n",
+            redis.url,
+            ca.display(),
+            client_cert.cert.display(),
+            client_cert.key.display(),
+        )
+    };
+
+    let gw = Gateway::start(&config(&spec(&server.ca), &pools))
+        .await
+        .unwrap();
+    let statuses = [chat(&gw, 10).await.status(), chat(&gw, 10).await.status()];
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    drop(gw);
+
+    let gw = Gateway::start(&config(&spec(&stranger.ca), &pools))
+        .await
+        .unwrap();
+    assert_eq!(
+        chat(&gw, 10).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+/// A Redis CA file that cannot be read stops the gateway from starting,
+/// naming the field and the file.
+#[tokio::test]
+async fn an_unreadable_redis_ca_file_is_refused_at_start() {
+    let replica = counting_replica().await;
+    let pools = plain_pool(&[&replica.addr.to_string()], "");
+    let spec = "  rateLimits: {backend: redis, global: {requestsPerMinute: 1}, \
+                redis: {url: \"rediss://127.0.0.1:1\", tls: {caFile: \"/nonexistent/ca.pem\"}}}\n";
+    let error = Gateway::start(&config(spec, &pools))
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        error.contains("caFile") && error.contains("/nonexistent/ca.pem"),
+        "{error}"
+    );
+}
