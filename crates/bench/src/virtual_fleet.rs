@@ -170,6 +170,9 @@ impl Event {
 
 struct InFlight {
     arrival: f64,
+    /// When it went to its replica (later than `arrival` after a wait in
+    /// flow control).
+    sent: f64,
     replica: usize,
     first_token: Option<f64>,
     /// Released when the request ends, as the gateway releases it when the
@@ -435,6 +438,7 @@ impl<'a> Simulation<'a> {
             id,
             InFlight {
                 arrival: request.at,
+                sent: at,
                 replica,
                 first_token: None,
                 load,
@@ -532,6 +536,12 @@ impl<'a> Simulation<'a> {
                 };
                 let arrival = flight.arrival;
                 let ttft = flight.first_token.map(|t| t - arrival);
+                // What the gateway measures of the replica's speed, as
+                // `Record` does at the end of an answer.
+                flight
+                    .load
+                    .endpoint()
+                    .observe_answer(at - flight.sent, u64::from(completion_tokens));
                 self.outcomes[id as usize] = match (reason, ttft) {
                     (FinishReason::Length, Some(ttft)) => Outcome::completed(
                         arrival,
@@ -565,6 +575,7 @@ fn pick(
         adapter: request.adapter.as_deref(),
         prefix_hashes: &request.prefix_hashes,
         estimated_tokens: request.estimated_tokens,
+        context_tokens: 0,
         explain: false,
     };
     pool.pick(&pick, now, &[], rng)

@@ -485,6 +485,12 @@ pub struct Pool {
     pub retry: Retry,
     #[serde(default)]
     pub scheduling: Scheduling,
+    /// The replicas' context length (prompt and completion, in tokens),
+    /// for engines that do not list it in `/v1/models` as vLLM and SGLang
+    /// do; what a replica lists, or says when it refuses a prompt as too
+    /// long, takes precedence.
+    #[serde(default)]
+    pub max_model_len: Option<u64>,
 }
 
 impl Pool {
@@ -570,6 +576,7 @@ pub struct Weights {
     pub inflight: Option<f64>,
     pub prefix: Option<f64>,
     pub lora: Option<f64>,
+    pub speed: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]

@@ -109,6 +109,9 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "kvCapacityBlocks": s.and_then(|s| s.kv_capacity_blocks),
                 "residentAdapters": s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
                 "waitingAdapters": s.map(|s| s.waiting_adapters.clone()).unwrap_or_default(),
+                // Prompt and completion tokens the replica takes: its own
+                // word, else the pool's maxModelLen; null while unknown.
+                "contextLength": e.context_limit().or(cfg.context_length),
                 "inflightRequests": e.load.requests(),
                 "inflightTokens": e.load.tokens(),
                 "inflightUnanswered": e.load.unanswered(),
@@ -174,6 +177,7 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
         adapter: None,
         prefix_hashes: &[],
         estimated_tokens: TYPICAL_TOKENS,
+        context_tokens: 0,
         explain: true,
     };
     match picker.pick(&request, now, &[], &mut rand::thread_rng()) {

@@ -106,6 +106,8 @@ pub struct OwnedPick {
     pub adapter: Option<String>,
     pub prefix_hashes: Arc<[u64]>,
     pub estimated_tokens: u64,
+    /// Prompt and completion tokens the replica must hold.
+    pub context_tokens: u64,
     pub explain: bool,
 }
 
@@ -115,6 +117,7 @@ impl OwnedPick {
             adapter: self.adapter.as_deref(),
             prefix_hashes: &self.prefix_hashes,
             estimated_tokens: self.estimated_tokens,
+            context_tokens: self.context_tokens,
             explain: self.explain,
         }
     }

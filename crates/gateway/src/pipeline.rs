@@ -364,7 +364,8 @@ async fn forward(
             tracing::warn!(pool = %name, endpoint = %endpoint.addr,
                 "no replica has fresh metrics; picked by least-request");
         }
-        let deadline = Instant::now() + generation.timeouts.first_byte();
+        let sent_at = Instant::now();
+        let deadline = sent_at + generation.timeouts.first_byte();
         let sent = tokio::time::timeout_at(
             deadline,
             pool.runtime()
@@ -378,6 +379,9 @@ async fn forward(
         record.sent = !matches!(&sent, Ok(Err(e)) if !e.was_sent());
         let e = match sent {
             Ok(Ok(answer)) => {
+                if answer.status.is_success() {
+                    record.answering(Arc::clone(endpoint), sent_at);
+                }
                 let passed = PassOn {
                     generation,
                     pool,
@@ -471,7 +475,12 @@ async fn pass_on(
         if !sse && (answer.status.is_client_error() || answer.status.is_server_error()) {
             match error_body(first, &mut answer.body, deadline).await {
                 Ok(ErrorBody::Whole(bytes)) => {
-                    match replica_error::openai_shaped(answer.status, &bytes) {
+                    let translated = replica_error::translate(answer.status, &bytes);
+                    if let Some(limit) = translated.context_limit {
+                        // Later requests too long for it go elsewhere.
+                        admitted.decision.endpoint.set_context_limit(limit);
+                    }
+                    match translated.body {
                         Some(shaped) => (Some(Frame::data(shaped)), true),
                         None => (Some(Frame::data(bytes)), false),
                     }

@@ -123,6 +123,7 @@ impl Runtime {
             adapter: adapter.map(str::to_owned),
             prefix_hashes,
             estimated_tokens: request.estimated_tokens,
+            context_tokens: request.prompt_tokens + request.max_output.unwrap_or(1),
             explain,
         }
     }
@@ -314,6 +315,7 @@ pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
         weights.inflight = w.inflight.unwrap_or(weights.inflight);
         weights.prefix = w.prefix.unwrap_or(weights.prefix);
         weights.lora = w.lora.unwrap_or(weights.lora);
+        weights.speed = w.speed.unwrap_or(weights.speed);
     }
     let mut saturation = defaults.saturation;
     if let Some(sat) = &s.saturation {
@@ -326,6 +328,7 @@ pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
         saturation,
         stale_after: s.metrics.stale_after.unwrap_or(defaults.stale_after),
         fallback: s.fallback,
+        context_length: spec.max_model_len,
         ..defaults
     }
 }

@@ -80,6 +80,11 @@ pub struct Record {
     /// The response body reached its end.
     finished: bool,
     error: Option<String>,
+    /// The replica answering, and when the request went to it: its speed
+    /// per generated token is measured on the answer.
+    answering: Option<(Arc<picker::Endpoint>, Instant)>,
+    /// Stream events (tokens) passed on.
+    events: u64,
 }
 
 impl Record {
@@ -110,6 +115,8 @@ impl Record {
             refusal: None,
             finished: false,
             error: None,
+            answering: None,
+            events: 0,
         }
     }
 
@@ -177,6 +184,11 @@ impl Record {
         }
     }
 
+    /// `replica` answers the request, sent to it at `sent`.
+    pub fn answering(&mut self, replica: Arc<picker::Endpoint>, sent: Instant) {
+        self.answering = Some((replica, sent));
+    }
+
     pub fn on_data(&mut self, data: &[u8]) {
         let Some(meter) = &mut self.meter else {
             return;
@@ -185,6 +197,7 @@ impl Record {
         if events == 0 {
             return;
         }
+        self.events += u64::from(events);
         let now = Instant::now();
         let metrics = self.metrics.as_deref();
         self.clock.tick(events, now, |gap| {
@@ -223,6 +236,19 @@ impl Record {
             }
         }
         self.usage = meter.usage();
+        self.measure_speed();
+    }
+
+    /// Tell the picker how fast the replica answered.
+    fn measure_speed(&self) {
+        let Some((replica, sent)) = &self.answering else {
+            return;
+        };
+        let tokens = self
+            .usage
+            .and_then(|u| u.completion_tokens)
+            .unwrap_or(self.events);
+        replica.observe_answer(sent.elapsed().as_secs_f64(), tokens);
     }
 }
 

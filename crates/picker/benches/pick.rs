@@ -108,6 +108,7 @@ fn bench_pick(c: &mut Criterion) {
         let req = PickRequest {
             prefix_hashes: &prompt,
             estimated_tokens: 8_000,
+            context_tokens: 0,
             ..PickRequest::default()
         };
         let cached = pool.prefix_index().longest_match(replicas / 2, &prompt);
@@ -126,6 +127,7 @@ fn bench_pick(c: &mut Criterion) {
                     let req = PickRequest {
                         prefix_hashes: &hashes,
                         estimated_tokens: 8_000,
+                        context_tokens: 0,
                         ..PickRequest::default()
                     };
                     pool.pick(&req, now, &[], &mut rng).unwrap()

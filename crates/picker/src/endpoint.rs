@@ -9,6 +9,9 @@ use arc_swap::{ArcSwap, Guard};
 use crate::observation::Observation;
 use crate::summary::{ObservationSummary, SummaryCell};
 
+/// Weight of the newest answer in [`Endpoint::token_time`].
+const TOKEN_TIME_WEIGHT: f64 = 0.2;
+
 /// Requests and estimated tokens this gateway has in flight to a replica.
 /// Only [`LoadGuard`] changes it, so every path (success, error, client
 /// gone, retry) releases exactly what it took.
@@ -101,6 +104,12 @@ pub struct Endpoint {
     /// [`Endpoint::inflight_since_observation`].
     seen_generation: AtomicU64,
     inflight_at_seen: AtomicU64,
+    /// The longest context (prompt and completion, in tokens) the replica
+    /// takes; 0 while unknown.
+    context_limit: AtomicU64,
+    /// Seconds per generated token as this gateway measures it, a moving
+    /// average (`f64` bits; 0 while nothing was measured).
+    token_time: AtomicU64,
 }
 
 impl Endpoint {
@@ -115,6 +124,8 @@ impl Endpoint {
             unreachable: AtomicBool::new(false),
             seen_generation: AtomicU64::new(0),
             inflight_at_seen: AtomicU64::new(0),
+            context_limit: AtomicU64::new(0),
+            token_time: AtomicU64::new(0),
         })
     }
 
@@ -168,6 +179,43 @@ impl Endpoint {
             tokens,
             answered: false,
         }
+    }
+
+    /// The longest context the replica takes, in tokens, once known: from
+    /// its model list, the pool's config, or a request it refused as too
+    /// long.
+    pub fn context_limit(&self) -> Option<u64> {
+        Some(self.context_limit.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    pub fn set_context_limit(&self, tokens: u64) {
+        self.context_limit.store(tokens, Ordering::Relaxed);
+    }
+
+    /// Seconds per generated token, as measured on this replica's recent
+    /// answers; `None` before the first.
+    pub fn token_time(&self) -> Option<f64> {
+        Some(f64::from_bits(self.token_time.load(Ordering::Relaxed))).filter(|t| *t > 0.0)
+    }
+
+    /// One answer of `tokens` generated tokens that took `seconds` from
+    /// sending the request to its end (queue and prefill included: what a
+    /// client waits), folded into the moving average of seconds per token.
+    /// Each answer weighs a fifth, so a replica's speed follows its load
+    /// within a few answers; answers of a few tokens say more about time
+    /// to first token than speed and are left out. Concurrent calls may
+    /// lose one sample.
+    pub fn observe_answer(&self, seconds: f64, tokens: u64) {
+        const FEWEST_TOKENS: u64 = 4;
+        let seconds = seconds / tokens as f64;
+        if tokens < FEWEST_TOKENS || !(seconds.is_finite() && seconds > 0.0) {
+            return;
+        }
+        let next = match self.token_time() {
+            Some(average) => average + TOKEN_TIME_WEIGHT * (seconds - average),
+            None => seconds,
+        };
+        self.token_time.store(next.to_bits(), Ordering::Relaxed);
     }
 
     pub fn is_reachable(&self) -> bool {

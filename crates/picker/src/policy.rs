@@ -110,6 +110,8 @@ pub struct Weights {
     pub prefix: f64,
     /// LoRA adapter residency.
     pub lora: f64,
+    /// The replica's measured speed per generated token.
+    pub speed: f64,
 }
 
 impl Weights {
@@ -136,6 +138,7 @@ impl Weights {
         inflight: 3.0,
         prefix: 3.0,
         lora: 2.0,
+        speed: 2.0,
     };
 
     /// Lowest time to first token under bursty load: spread load first,
@@ -146,6 +149,7 @@ impl Weights {
         inflight: 4.0,
         prefix: 2.0,
         lora: 2.0,
+        speed: 3.0,
     };
 
     /// Highest tokens per second for batch work: every cache hit is prefill
@@ -159,6 +163,7 @@ impl Weights {
         inflight: 4.0,
         prefix: 4.0,
         lora: 3.0,
+        speed: 1.0,
     };
 
     /// A named preset: `"default"` (chat), `"latency"` or `"throughput"`.
@@ -172,16 +177,17 @@ impl Weights {
     }
 
     pub fn sum(&self) -> f64 {
-        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora
+        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora + self.speed
     }
 
-    fn named(&self) -> [(&'static str, f64); 5] {
+    fn named(&self) -> [(&'static str, f64); 6] {
         [
             ("queue", self.queue),
             ("kv_cache", self.kv_cache),
             ("inflight", self.inflight),
             ("prefix", self.prefix),
             ("lora", self.lora),
+            ("speed", self.speed),
         ]
     }
 }
@@ -389,6 +395,8 @@ pub struct PickerConfig {
     pub stale_after: Duration,
     pub fallback: Fallback,
     pub prefix: PrefixConfig,
+    /// Context length of a replica that has not said its own.
+    pub context_length: Option<u64>,
 }
 
 impl PickerConfig {
@@ -460,6 +468,7 @@ impl Default for PickerConfig {
             stale_after: Self::DEFAULT_STALE_AFTER,
             fallback: Fallback::default(),
             prefix: PrefixConfig::default(),
+            context_length: None,
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Signals {
     /// Leading prompt blocks the replica is believed to have cached.
     pub prefix_blocks: usize,
     pub lora: LoraFit,
+    /// Seconds per generated token the gateway measured on the replica.
+    pub token_time: Option<f64>,
 }
 
 /// How well a replica can serve the request's LoRA adapter.
@@ -104,15 +106,17 @@ pub enum Scorer {
     Inflight,
     Prefix,
     Lora,
+    Speed,
 }
 
 impl Scorer {
-    pub const ALL: [Scorer; 5] = [
+    pub const ALL: [Scorer; 6] = [
         Scorer::Queue,
         Scorer::KvCache,
         Scorer::Inflight,
         Scorer::Prefix,
         Scorer::Lora,
+        Scorer::Speed,
     ];
     pub const COUNT: usize = Scorer::ALL.len();
 
@@ -124,6 +128,7 @@ impl Scorer {
             Scorer::Inflight => "if",
             Scorer::Prefix => "px",
             Scorer::Lora => "lora",
+            Scorer::Speed => "sp",
         }
     }
 
@@ -134,6 +139,7 @@ impl Scorer {
             Scorer::Inflight => weights.inflight,
             Scorer::Prefix => weights.prefix,
             Scorer::Lora => weights.lora,
+            Scorer::Speed => weights.speed,
         }
     }
 
@@ -145,6 +151,7 @@ impl Scorer {
             Scorer::Inflight => inflight(signals, ctx.inflight_tolerance, out),
             Scorer::Prefix => prefix(signals, ctx.prompt_blocks, out),
             Scorer::Lora => lora(signals, out),
+            Scorer::Speed => speed(signals, out),
         }
     }
 }
@@ -234,6 +241,25 @@ pub fn lora(signals: &[Signals], out: &mut [f64]) {
 
 /// `1 - (v - min) / max(max - min, floor)` for known values; unknown ones
 /// get the mean. `value(i)` is candidate `i`'s value.
+/// The fastest measured replica scores 1, another its speed relative to
+/// it (a replica three times slower per token scores 1/3): at equal load
+/// the faster replica wins, and a slower one gets work once the faster
+/// ones' load outweighs the difference.
+pub fn speed(signals: &[Signals], out: &mut [f64]) {
+    let fastest = signals
+        .iter()
+        .filter_map(|s| s.token_time)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    for (score, s) in out.iter_mut().zip(signals) {
+        *score = match s.token_time {
+            Some(t) if t.is_finite() && t > 0.0 => (fastest / t).min(1.0),
+            _ => f64::NAN,
+        };
+    }
+    fill_unknown_with_mean(out);
+}
+
 fn lower_is_better(out: &mut [f64], value: impl Fn(usize) -> Option<f64>, floor: f64) {
     let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
     for i in 0..out.len() {
@@ -421,5 +447,18 @@ mod tests {
         assert_eq!(fit(&state(&[], &["sql"], None)), LoraFit::Loading);
         assert_eq!(LoraFit::classify(Some("sql"), None), LoraFit::Unknown);
         assert_eq!(LoraFit::classify(None, None), LoraFit::NotRequested);
+    }
+
+    #[test]
+    fn speed_is_relative_to_the_fastest_measured_replica() {
+        let timed = |t| Signals {
+            token_time: t,
+            ..Signals::default()
+        };
+        let s = [timed(Some(0.01)), timed(Some(0.04)), timed(None)];
+        // Unknown: the mean of the known, so a new replica gets tried.
+        approx(&run(Scorer::Speed, &s, 0), &[1.0, 0.25, 0.625]);
+        let s = [timed(None), timed(None)];
+        approx(&run(Scorer::Speed, &s, 0), &[1.0, 1.0]);
     }
 }

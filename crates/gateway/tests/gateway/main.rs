@@ -26,6 +26,7 @@ mod auth;
 mod fleet_page;
 mod flow;
 mod limits;
+mod mixed_fleet;
 mod observability;
 mod picking;
 mod proxy;

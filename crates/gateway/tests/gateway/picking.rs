@@ -233,7 +233,7 @@ fn system_prompt(topic: &str) -> String {
 // The `x-infergate-scores` header
 
 /// One candidate in `x-infergate-scores`:
-/// `addr=total(q=..,kv=..,if=..,px=..,lora=..)`.
+/// `addr=total(q=..,kv=..,if=..,px=..,lora=..,sp=..)`.
 #[derive(Debug, Clone)]
 struct Scored {
     addr: String,

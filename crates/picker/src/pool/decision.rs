@@ -22,6 +22,10 @@ pub struct PickRequest<'a> {
     /// Estimated tokens of the request; [`Decision::acquire`] counts them
     /// as in flight on the chosen replica.
     pub estimated_tokens: u64,
+    /// Context the request needs (its prompt and the completion it may
+    /// ask for, in tokens): a replica known to hold less is not picked
+    /// while another can. 0 checks nothing.
+    pub context_tokens: u64,
     /// Fill [`Decision::scores`] with every candidate's scores.
     pub explain: bool,
 }

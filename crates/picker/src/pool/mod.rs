@@ -5,6 +5,7 @@
 //! pool; a pick's request, result and error live in the leaf `decision`,
 //! which both this module and `scored` build on.
 
+mod context;
 mod decision;
 mod scored;
 mod simple;
@@ -105,8 +106,8 @@ impl Picker {
     ///
     /// `exclude` lists endpoint indexes this request already tried. `now`
     /// is the only clock the picker sees. Candidates are the reachable,
-    /// non-excluded endpoints; see [`Policy`] for what each policy does
-    /// with them.
+    /// non-excluded endpoints that can hold the request's context; see
+    /// [`Policy`] for what each policy does with them.
     pub fn pick<R: Rng + ?Sized>(
         &self,
         req: &PickRequest<'_>,
@@ -116,6 +117,13 @@ impl Picker {
     ) -> Result<Decision, PickError> {
         let snapshot = self.endpoints.load();
         let config = self.config.load();
+        let too_small = context::exclude_too_small(
+            &snapshot,
+            exclude,
+            req.context_tokens,
+            config.context_length,
+        );
+        let exclude = too_small.as_deref().unwrap_or(exclude);
         // Uncontended in practice; a pick that finds it busy skips the sample.
         if let Some(mut meter) = self.drain_meter.try_lock() {
             meter.observe(now, || snapshot.iter().map(|ep| ep.load.completed()).sum());

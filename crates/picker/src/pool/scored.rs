@@ -259,6 +259,7 @@ impl ScoredPick<'_> {
                 None => LoraFit::NotRequested,
                 adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
             },
+            token_time: endpoint.token_time(),
         });
     }
 

@@ -289,6 +289,7 @@ fn shared_system_prompt_sticks_to_one_replica_while_healthy() {
         let req = PickRequest {
             prefix_hashes: &hashes,
             estimated_tokens: 500,
+            context_tokens: 0,
             ..PickRequest::default()
         };
         let decision = pool.pick(&req, now, &[], &mut rng).unwrap();
@@ -344,6 +345,7 @@ fn a_burst_sharing_a_prefix_spreads_before_the_next_scrape() {
         let req = PickRequest {
             prefix_hashes: &hashes,
             estimated_tokens: 1_000,
+            context_tokens: 0,
             ..PickRequest::default()
         };
         let decision = pool.pick(&req, now, &[], &mut rng).unwrap();
@@ -506,7 +508,7 @@ fn explain_lists_every_candidate_best_first() {
     assert!(top.winner > top.runner_up.unwrap());
     let header = decision.scores_header(8).to_string();
     assert!(
-        header.starts_with("10.0.0.1:8000=0.98(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00);"),
+        header.starts_with("10.0.0.1:8000=0.99(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00,sp=1.00);"),
         "{header}"
     );
     assert_eq!(header.matches(';').count(), 2);
@@ -546,6 +548,7 @@ fn decision_acquire_counts_the_requests_tokens() {
     let pool = fleet(scored(), vec![idle()], now);
     let req = PickRequest {
         estimated_tokens: 321,
+        context_tokens: 0,
         ..PickRequest::default()
     };
     let decision = pool.pick(&req, now, &[], &mut rng()).unwrap();

@@ -71,6 +71,12 @@ impl Dialect {
         }
     }
 
+    /// Whether replicas of this dialect list their context length in
+    /// `/v1/models` (`max_model_len`).
+    pub fn lists_context_length(self) -> bool {
+        matches!(self, Dialect::Vllm | Dialect::Sglang)
+    }
+
     /// Whether replicas of this dialect have a `/metrics` worth fetching.
     pub fn has_metrics(self) -> bool {
         self != Dialect::None

@@ -258,15 +258,25 @@ where
 /// `http://{addr}/metrics` (or `https://` for an `https://` address),
 /// checked once when the scraper starts.
 pub(super) fn metrics_uri(addr: &str) -> Result<Uri, ScrapeError> {
+    uri(addr, "/metrics")
+}
+
+/// The replica's OpenAI model list, where vLLM and SGLang give their
+/// context length.
+pub(super) fn models_uri(addr: &str) -> Result<Uri, ScrapeError> {
+    uri(addr, "/v1/models")
+}
+
+fn uri(addr: &str, path: &str) -> Result<Uri, ScrapeError> {
     let (scheme, host_port) = address::endpoint_scheme(addr);
     let scheme = match scheme {
         Scheme::Http => "http",
         Scheme::Https => "https",
     };
-    format!("{scheme}://{host_port}/metrics")
+    format!("{scheme}://{host_port}{path}")
         .parse::<Uri>()
         .ok()
-        .filter(|uri| uri.host().is_some_and(|host| !host.is_empty()) && uri.path() == "/metrics")
+        .filter(|uri| uri.host().is_some_and(|host| !host.is_empty()) && uri.path() == path)
         .ok_or_else(|| ScrapeError::InvalidAddress(addr.to_owned()))
 }
 

@@ -5,6 +5,7 @@
 //! also gets the scrape's duration and outcome).
 
 mod client;
+mod context;
 mod error;
 mod probe;
 
@@ -133,6 +134,7 @@ async fn run(
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut failing = false;
+    let mut models = ModelList::for_replica(&endpoint.addr, cfg.dialect, &client);
     loop {
         ticker.tick().await;
         let started = Instant::now();
@@ -165,6 +167,59 @@ async fn run(
             failed,
         };
         on_scrape(&endpoint, report);
+        if let Some(models) = models.as_mut().filter(|m| !failed && m.due(now)) {
+            models.read(&endpoint, cfg.timeout).await;
+        }
+    }
+}
+
+/// The replica's model list, read for its context length now and then
+/// (only for engines that give it there).
+struct ModelList {
+    connection: client::Connection,
+    last_read: Option<Instant>,
+}
+
+impl ModelList {
+    fn for_replica(addr: &str, dialect: Dialect, client: &ScrapeClient) -> Option<Self> {
+        if !dialect.lists_context_length() {
+            return None;
+        }
+        let connection = client::models_uri(addr)
+            .and_then(|uri| client.connection(&uri))
+            .ok()?;
+        Some(Self {
+            connection,
+            last_read: None,
+        })
+    }
+
+    fn due(&self, now: Instant) -> bool {
+        self.last_read
+            .is_none_or(|at| now.duration_since(at) >= context::REFRESH)
+    }
+
+    /// One read; a failure waits for the next refresh like a success (the
+    /// metrics scrape is what says whether the replica is up).
+    async fn read(&mut self, endpoint: &Endpoint, timeout: Duration) {
+        self.last_read = Some(Instant::now());
+        let body = match tokio::time::timeout(timeout, self.connection.get()).await {
+            Ok(Ok(body)) => body,
+            Ok(Err(err)) => {
+                tracing::debug!(endpoint = %endpoint.addr, error = %err, "model list not read");
+                return;
+            }
+            Err(_) => {
+                self.connection.reset();
+                return;
+            }
+        };
+        if let Some(limit) = context::from_model_list(&body) {
+            if endpoint.context_limit() != Some(limit) {
+                tracing::info!(endpoint = %endpoint.addr, context_length = limit, "replica context length");
+            }
+            endpoint.set_context_limit(limit);
+        }
     }
 }
 
