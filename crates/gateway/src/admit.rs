@@ -107,6 +107,8 @@ pub struct OwnedPick {
     pub prefix_hashes: Arc<[u64]>,
     pub estimated_tokens: u64,
     pub explain: bool,
+    /// The request's session key, hashed.
+    pub session: Option<u64>,
 }
 
 impl OwnedPick {
@@ -116,6 +118,7 @@ impl OwnedPick {
             prefix_hashes: &self.prefix_hashes,
             estimated_tokens: self.estimated_tokens,
             explain: self.explain,
+            session: self.session,
         }
     }
 }

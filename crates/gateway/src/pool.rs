@@ -124,6 +124,7 @@ impl Runtime {
             prefix_hashes,
             estimated_tokens: request.estimated_tokens,
             explain,
+            session: None,
         }
     }
 
@@ -314,6 +315,7 @@ pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
         weights.inflight = w.inflight.unwrap_or(weights.inflight);
         weights.prefix = w.prefix.unwrap_or(weights.prefix);
         weights.lora = w.lora.unwrap_or(weights.lora);
+        weights.session = w.session.unwrap_or(weights.session);
     }
     let mut saturation = defaults.saturation;
     if let Some(sat) = &s.saturation {

@@ -110,6 +110,9 @@ pub struct Weights {
     pub prefix: f64,
     /// LoRA adapter residency.
     pub lora: f64,
+    /// Session affinity: a session's requests stay on its replica
+    /// ([`crate::session`]). Only requests with a session key feel it.
+    pub session: f64,
 }
 
 impl Weights {
@@ -136,6 +139,7 @@ impl Weights {
         inflight: 3.0,
         prefix: 3.0,
         lora: 2.0,
+        session: Weights::SESSION,
     };
 
     /// Lowest time to first token under bursty load: spread load first,
@@ -146,6 +150,7 @@ impl Weights {
         inflight: 4.0,
         prefix: 2.0,
         lora: 2.0,
+        session: Weights::SESSION,
     };
 
     /// Highest tokens per second for batch work: every cache hit is prefill
@@ -159,7 +164,16 @@ impl Weights {
         inflight: 4.0,
         prefix: 4.0,
         lora: 3.0,
+        session: Weights::SESSION,
     };
+
+    /// Session affinity's weight in every preset. A session's replica
+    /// gets the whole session score and every other replica none, so 4
+    /// (half the load weights of the chat preset) keeps a session where it
+    /// is against load gaps of up to half the load score; past that, or
+    /// past the load bound of [`crate::session`], it moves. Its prefix
+    /// affinity usually points the same way and adds to it.
+    pub const SESSION: f64 = 4.0;
 
     /// A named preset: `"default"` (chat), `"latency"` or `"throughput"`.
     pub fn preset(name: &str) -> Option<Weights> {
@@ -172,16 +186,17 @@ impl Weights {
     }
 
     pub fn sum(&self) -> f64 {
-        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora
+        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora + self.session
     }
 
-    fn named(&self) -> [(&'static str, f64); 5] {
+    fn named(&self) -> [(&'static str, f64); 6] {
         [
             ("queue", self.queue),
             ("kv_cache", self.kv_cache),
             ("inflight", self.inflight),
             ("prefix", self.prefix),
             ("lora", self.lora),
+            ("session", self.session),
         ]
     }
 }

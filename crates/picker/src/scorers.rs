@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::observation::EngineState;
 use crate::policy::{InflightTolerance, Weights};
+use crate::session::{self, SessionFit};
 
 /// What the scorers know about one candidate, extracted once per pick.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -30,6 +31,9 @@ pub struct Signals {
     /// Leading prompt blocks the replica is believed to have cached.
     pub prefix_blocks: usize,
     pub lora: LoraFit,
+    /// The replica's place for the request's session
+    /// ([`crate::session`]).
+    pub session: SessionFit,
 }
 
 /// How well a replica can serve the request's LoRA adapter.
@@ -104,15 +108,17 @@ pub enum Scorer {
     Inflight,
     Prefix,
     Lora,
+    Session,
 }
 
 impl Scorer {
-    pub const ALL: [Scorer; 5] = [
+    pub const ALL: [Scorer; 6] = [
         Scorer::Queue,
         Scorer::KvCache,
         Scorer::Inflight,
         Scorer::Prefix,
         Scorer::Lora,
+        Scorer::Session,
     ];
     pub const COUNT: usize = Scorer::ALL.len();
 
@@ -124,6 +130,7 @@ impl Scorer {
             Scorer::Inflight => "if",
             Scorer::Prefix => "px",
             Scorer::Lora => "lora",
+            Scorer::Session => "ss",
         }
     }
 
@@ -134,6 +141,7 @@ impl Scorer {
             Scorer::Inflight => weights.inflight,
             Scorer::Prefix => weights.prefix,
             Scorer::Lora => weights.lora,
+            Scorer::Session => weights.session,
         }
     }
 
@@ -145,6 +153,7 @@ impl Scorer {
             Scorer::Inflight => inflight(signals, ctx.inflight_tolerance, out),
             Scorer::Prefix => prefix(signals, ctx.prompt_blocks, out),
             Scorer::Lora => lora(signals, out),
+            Scorer::Session => session::score(signals, out),
         }
     }
 }
