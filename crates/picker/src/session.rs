@@ -4,9 +4,9 @@
 //!
 //! Each session has a home among the candidates by rendezvous hashing
 //! (highest `hash(session, replica address)` wins), bounded by load: a
-//! replica already carrying more than [`LOAD_FACTOR`] times the average
-//! in-flight requests of the candidates is passed over for the next one
-//! in the session's order (consistent hashing with bounded loads,
+//! replica already carrying [`LOAD_FACTOR`] times the average in-flight
+//! requests of the candidates, plus [`LOAD_SLACK`], is passed over for
+//! the next one in the session's order (consistent hashing with bounded loads,
 //! Mirrokni, Thorup and Zadimoghaddam, 2018). Candidates are the healthy,
 //! unsaturated replicas, so a session moves when its replica is saturated,
 //! stale, overloaded or gone; when one replica leaves, only the sessions
@@ -29,6 +29,10 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 /// its queue builds; the paper's analysis gives at most about
 /// `1 / (factor - 1)²` = 4 moves per replica change at this factor.
 pub const LOAD_FACTOR: f64 = 1.5;
+/// Requests a replica may carry beyond that bound before its sessions
+/// move: at low load the bound alone is a request or two, and a session
+/// must not leave its cache over a one-request difference.
+pub const LOAD_SLACK: u64 = 2;
 
 /// A candidate's place for the request's session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -68,7 +72,7 @@ pub fn assign<'a>(
         return;
     }
     let total: u64 = inflight.iter().sum();
-    let bound = (LOAD_FACTOR * (total + 1) as f64 / n as f64).ceil() as u64;
+    let bound = (LOAD_FACTOR * (total + 1) as f64 / n as f64).ceil() as u64 + LOAD_SLACK;
     let mut best: Option<(u64, usize)> = None;
     let mut best_any: Option<(u64, usize)> = None;
     for (i, addr) in addrs.enumerate().take(n) {
@@ -146,13 +150,13 @@ mod tests {
         let session = session_key(b"chat-42");
         let first = home(session, &ADDRS, &[0; 5]).unwrap();
         // Its home carries far more than the average: the bound is
-        // ceil(1.5 * 11 / 5) = 4, and the home has 10.
+        // ceil(1.5 * 11 / 5) + 2 = 6, and the home has 10.
         let mut inflight = [0; 5];
         inflight[first] = 10;
         let second = home(session, &ADDRS, &inflight).unwrap();
         assert_ne!(second, first);
-        // Within the bound it stays.
-        inflight[first] = 1;
+        // Within the bound it stays, even well above the others.
+        inflight[first] = 3;
         assert_eq!(home(session, &ADDRS, &inflight), Some(first));
     }
 
