@@ -135,8 +135,7 @@ pub struct Sessions {
 
 impl Sessions {
     pub fn idle_timeout(&self) -> Duration {
-        self.idle_timeout
-            .unwrap_or(defaults::SESSION_IDLE_TIMEOUT)
+        self.idle_timeout.unwrap_or(defaults::SESSION_IDLE_TIMEOUT)
     }
     pub fn max_sessions(&self) -> usize {
         self.max_sessions.unwrap_or(defaults::MAX_SESSIONS)
@@ -165,8 +164,7 @@ pub struct Mirror {
 
 impl Mirror {
     pub fn max_in_flight(&self) -> usize {
-        self.max_in_flight
-            .unwrap_or(defaults::MIRROR_MAX_IN_FLIGHT)
+        self.max_in_flight.unwrap_or(defaults::MIRROR_MAX_IN_FLIGHT)
     }
     /// What the metrics call the mirror: its model and its target.
     pub fn label(&self) -> String {

@@ -117,10 +117,10 @@ async fn main() -> anyhow::Result<()> {
         p[1].1 / p[0].1
     );
     println!("\ncopies:");
-    for line in metrics
-        .lines()
-        .filter(|l| l.starts_with("infergate_mirror_copies_total") || l.starts_with("infergate_mirror_errors_total"))
-    {
+    for line in metrics.lines().filter(|l| {
+        l.starts_with("infergate_mirror_copies_total")
+            || l.starts_with("infergate_mirror_errors_total")
+    }) {
         println!("  {line}");
     }
     Ok(())
@@ -178,4 +178,3 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
     }
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
-

@@ -33,17 +33,15 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
         }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
-        (&Method::GET, "/debug/rewrites") => {
-            respond::json(Bytes::from(state.generation().rewrites.debug_json().to_string()))
-        }
+        (&Method::GET, "/debug/rewrites") => respond::json(Bytes::from(
+            state.generation().rewrites.debug_json().to_string(),
+        )),
         (&Method::GET, path) if ui::serves(path) => ui::get(&state, &req),
         (
             _,
             path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config"
             | "/debug/rewrites"),
-        ) => {
-            ApiError::method_not_allowed(&req.method, path).into_response()
-        }
+        ) => ApiError::method_not_allowed(&req.method, path).into_response(),
         (_, path) if ui::serves(path) => {
             ApiError::method_not_allowed(&req.method, path).into_response()
         }

@@ -198,7 +198,11 @@ impl Mirror {
             let deadline = started + copy.first_byte;
             let sent = tokio::time::timeout_at(
                 deadline,
-                mirror.pool.runtime().connections(worker).send(&addr, &outgoing),
+                mirror
+                    .pool
+                    .runtime()
+                    .connections(worker)
+                    .send(&addr, &outgoing),
             )
             .await;
             let (status, ttft, tokens) = match sent {

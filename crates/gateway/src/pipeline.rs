@@ -49,9 +49,9 @@ use crate::error::{ApiError, DropReason};
 use crate::generation::Generation;
 use crate::pool::Pool;
 use crate::record::Record;
-use crate::rewrite::Served;
 use crate::request::InferenceRequest;
 use crate::respond::{json, text};
+use crate::rewrite::Served;
 use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
@@ -346,13 +346,20 @@ async fn infer(
     // for it.
     if let Some(mirror) = generation.mirrors.sample(&request.model) {
         record.mirror = Some(mirror.metrics.clone());
-        let copy_body = if mirror.keeps_model() { &original_body } else { &body };
+        let copy_body = if mirror.keeps_model() {
+            &original_body
+        } else {
+            &body
+        };
         mirror.send(
             worker,
             mirror::ShadowRequest {
                 method: method.clone(),
                 uri: uri.clone(),
-                headers: mirror::ShadowRequest::headers(&headers, generation.auth.caller_fields(&caller)),
+                headers: mirror::ShadowRequest::headers(
+                    &headers,
+                    generation.auth.caller_fields(&caller),
+                ),
                 body: copy_body.clone(),
                 request_id: ids.request.clone(),
                 traceparent: ids.traceparent.clone(),
@@ -719,7 +726,10 @@ fn rewrite_headers(headers: &mut HeaderMap, record: &Record) {
         return;
     };
     let pairs = [
-        (X_REQUESTED_MODEL, record.model.as_deref().unwrap_or_default()),
+        (
+            X_REQUESTED_MODEL,
+            record.model.as_deref().unwrap_or_default(),
+        ),
         (X_MODEL, &*served.model),
         (X_REWRITE, served.rewrite.name.as_str()),
     ];

@@ -20,9 +20,9 @@ use tokio::time::Instant;
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
 use crate::rewrite::Served;
-use crate::telemetry::rollout::MirrorMetrics;
 use crate::telemetry::decisions::{Ended, Pending};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
+use crate::telemetry::rollout::MirrorMetrics;
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason};
 

@@ -49,10 +49,7 @@ impl SessionKeys {
             let claim = self.jwt_claim.as_deref().filter(|_| token_verified)?;
             claim_of(headers, claim)
         };
-        let from_user = || {
-            user.filter(|_| self.user)
-                .map(|u| u.as_bytes().to_vec())
-        };
+        let from_user = || user.filter(|_| self.user).map(|u| u.as_bytes().to_vec());
         let key = from_header()
             .or_else(from_claim)
             .or_else(from_user)
@@ -115,7 +112,10 @@ mod tests {
         assert_eq!(k.key("t", &h, false, None), Some(by_header));
         // Another tenant's session of the same name is another session.
         assert_ne!(k.key("u", &h, false, None), Some(by_header));
-        assert_eq!(keys(Some("x-session-id"), None, false).key("t", &HeaderMap::new(), false, Some("a")), None);
+        assert_eq!(
+            keys(Some("x-session-id"), None, false).key("t", &HeaderMap::new(), false, Some("a")),
+            None
+        );
     }
 
     #[test]
@@ -123,10 +123,16 @@ mod tests {
         // {"alg":"none"}.{"sub":"a","sid":"chat-1"}.
         let token = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIiwic2lkIjoiY2hhdC0xIn0.";
         let mut h = HeaderMap::new();
-        h.insert(header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
         let k = keys(None, Some("sid"), false);
         assert!(k.key("t", &h, true, None).is_some());
         assert_eq!(k.key("t", &h, false, None), None);
-        assert_eq!(keys(None, Some("nope"), false).key("t", &h, true, None), None);
+        assert_eq!(
+            keys(None, Some("nope"), false).key("t", &h, true, None),
+            None
+        );
     }
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::observation::EngineState;
 use crate::policy::{InflightTolerance, Weights};
-use crate::session::{self, SessionFit};
+use crate::session::SessionFit;
 
 /// What the scorers know about one candidate, extracted once per pick.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -153,7 +153,7 @@ impl Scorer {
             Scorer::Inflight => inflight(signals, ctx.inflight_tolerance, out),
             Scorer::Prefix => prefix(signals, ctx.prompt_blocks, out),
             Scorer::Lora => lora(signals, out),
-            Scorer::Session => session::score(signals, out),
+            Scorer::Session => session(signals, out),
         }
     }
 }
@@ -239,6 +239,17 @@ pub fn lora(signals: &[Signals], out: &mut [f64]) {
         *score = s.lora.score().unwrap_or(f64::NAN);
     }
     fill_unknown_with_mean(out);
+}
+
+/// The session's home → 1, other replicas → 0 ([`crate::session`]);
+/// without a session every candidate gets 1.
+pub fn session(signals: &[Signals], out: &mut [f64]) {
+    for (score, s) in out.iter_mut().zip(signals) {
+        *score = match s.session {
+            SessionFit::NoSession | SessionFit::Home => 1.0,
+            SessionFit::Away => 0.0,
+        };
+    }
 }
 
 /// `1 - (v - min) / max(max - min, floor)` for known values; unknown ones
@@ -411,6 +422,20 @@ mod tests {
             fit(LoraFit::NoRoom),
         ];
         approx(&run(Scorer::Lora, &s, 0), &[1.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn session_scores_home_one_and_others_zero() {
+        let fit = |session| Signals {
+            session,
+            ..Signals::default()
+        };
+        let s = [
+            fit(SessionFit::Away),
+            fit(SessionFit::Home),
+            fit(SessionFit::NoSession),
+        ];
+        approx(&run(Scorer::Session, &s, 0), &[0.0, 1.0, 1.0]);
     }
 
     #[test]

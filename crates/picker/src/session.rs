@@ -14,7 +14,8 @@
 //! unchanged. Addresses, not endpoint ids, are hashed, so every gateway
 //! replica agrees on a session's home.
 //!
-//! The scorer gives the home 1 and every other candidate 0; its weight
+//! The session scorer (`scorers::session`) gives the home 1 and every
+//! other candidate 0; its weight
 //! ([`crate::Weights::session`]) sets how much load difference it
 //! outweighs.
 
@@ -92,16 +93,6 @@ pub fn assign<'a>(
     }
 }
 
-/// Home → 1, away → 0; without a session every candidate gets 1.
-pub fn score(signals: &[crate::Signals], out: &mut [f64]) {
-    for (score, s) in out.iter_mut().zip(signals) {
-        *score = match s.session {
-            SessionFit::NoSession | SessionFit::Home => 1.0,
-            SessionFit::Away => 0.0,
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,7 +108,13 @@ mod tests {
         fits.iter().position(|f| *f == SessionFit::Home)
     }
 
-    const ADDRS: [&str; 5] = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000"];
+    const ADDRS: [&str; 5] = [
+        "10.0.0.1:8000",
+        "10.0.0.2:8000",
+        "10.0.0.3:8000",
+        "10.0.0.4:8000",
+        "10.0.0.5:8000",
+    ];
 
     #[test]
     fn a_removed_replica_moves_only_its_own_sessions() {
@@ -158,23 +155,5 @@ mod tests {
         // Within the bound it stays, even well above the others.
         inflight[first] = 3;
         assert_eq!(home(session, &ADDRS, &inflight), Some(first));
-    }
-
-    #[test]
-    fn scores_home_one_and_others_zero() {
-        let signals = [
-            crate::Signals {
-                session: SessionFit::Away,
-                ..Default::default()
-            },
-            crate::Signals {
-                session: SessionFit::Home,
-                ..Default::default()
-            },
-            crate::Signals::default(),
-        ];
-        let mut out = [f64::NAN; 3];
-        score(&signals, &mut out);
-        assert_eq!(out, [0.0, 1.0, 1.0]);
     }
 }

@@ -26,7 +26,10 @@ pub fn agent_loops() -> Mix {
             max: 1500,
         },
         // A tool's output: a file, a search result, a command's output.
-        question_tokens: Range { min: 200, max: 1000 },
+        question_tokens: Range {
+            min: 200,
+            max: 1000,
+        },
         turns: Range { min: 4, max: 12 },
         // The tool running between turns.
         think_seconds: 2.0,

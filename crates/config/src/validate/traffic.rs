@@ -193,9 +193,10 @@ mod tests {
         );
         match crate::from_yaml(&yaml) {
             Ok(_) => Vec::new(),
-            Err(ConfigError::Invalid(problems)) => {
-                problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect()
-            }
+            Err(ConfigError::Invalid(problems)) => problems
+                .iter()
+                .map(|p| format!("{}: {}", p.path, p.message))
+                .collect(),
             Err(e) => panic!("{e}"),
         }
     }

@@ -181,7 +181,8 @@ mod tests {
 
     #[test]
     fn nested_values_and_scalars_are_skipped_whole() {
-        let body = r#"{"a":[1,{"model":"x","s":"]}\"["}],"n":-1.5e3,"t":true,"z":null,"model":"m"}"#;
+        let body =
+            r#"{"a":[1,{"model":"x","s":"]}\"["}],"n":-1.5e3,"t":true,"z":null,"model":"m"}"#;
         assert_eq!(
             rewritten(body, "v2"),
             r#"{"a":[1,{"model":"x","s":"]}\"["}],"n":-1.5e3,"t":true,"z":null,"model":"v2"}"#

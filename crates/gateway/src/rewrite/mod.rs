@@ -112,7 +112,10 @@ impl Rewrites {
         headers: &HeaderMap,
         session: Option<u64>,
     ) -> Option<Chosen> {
-        let rule = self.rules.iter().find(|r| r.matches(model, tenant, headers))?;
+        let rule = self
+            .rules
+            .iter()
+            .find(|r| r.matches(model, tenant, headers))?;
         let target = rule.rollout.choose(session, Instant::now());
         Some(Chosen {
             rewrite: Arc::clone(&rule.rollout),
@@ -194,7 +197,11 @@ impl Rollouts {
                             Some((HeaderName::from_bytes(k.as_bytes()).ok()?, v.clone()))
                         })
                         .collect(),
-                    targets: r.targets.iter().map(|t| Arc::from(t.model.as_str())).collect(),
+                    targets: r
+                        .targets
+                        .iter()
+                        .map(|t| Arc::from(t.model.as_str()))
+                        .collect(),
                     rollout,
                 }
             })

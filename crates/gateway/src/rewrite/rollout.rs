@@ -212,9 +212,8 @@ impl Rollout {
                 continue;
             }
             let guard = self.targets_spec[i].guard.as_ref();
-            let enough = guard.is_some_and(|g| {
-                state.targets[i].window.figures(now).answers >= g.min_requests()
-            });
+            let enough = guard
+                .is_some_and(|g| state.targets[i].window.figures(now).answers >= g.min_requests());
             if !enough || self.breach(state, i, now).is_some() {
                 // Not yet judged, or failing: the next request asks again
                 // (a breach also rolls back when its answer ends).
@@ -232,7 +231,11 @@ impl Rollout {
                 state.targets[i].status = Status::Promoted {
                     at: SystemTime::now(),
                 };
-                push_event(state, &model, format!("promoted to {weight} %: fully promoted"));
+                push_event(
+                    state,
+                    &model,
+                    format!("promoted to {weight} %: fully promoted"),
+                );
             } else {
                 push_event(state, &model, format!("promoted to {weight} %"));
             }
@@ -329,7 +332,10 @@ fn by_weight(weights: &[u32], point: u64) -> usize {
 fn judge(guard: &config::Guard, canary: &Figures, stable: Option<&Figures>) -> Option<String> {
     if let Some(allowed) = guard.ttft_p95 {
         let (limit, basis) = match stable.and_then(|s| s.ttft_p95) {
-            Some(stable_p95) => (stable_p95 + allowed, format!("the stable target's {} + {}", ms(stable_p95), ms(allowed))),
+            Some(stable_p95) => (
+                stable_p95 + allowed,
+                format!("the stable target's {} + {}", ms(stable_p95), ms(allowed)),
+            ),
             None => (allowed, "its ceiling".to_owned()),
         };
         match canary.ttft_p95 {
@@ -346,7 +352,10 @@ fn judge(guard: &config::Guard, canary: &Figures, stable: Option<&Figures>) -> O
     }
     if let Some(allowed) = guard.error_rate {
         let (limit, basis) = match stable {
-            Some(s) => (s.error_rate() + allowed, format!("the stable target's {:.3} + {allowed}", s.error_rate())),
+            Some(s) => (
+                s.error_rate() + allowed,
+                format!("the stable target's {:.3} + {allowed}", s.error_rate()),
+            ),
             None => (allowed, "its ceiling".to_owned()),
         };
         if canary.error_rate() > limit {

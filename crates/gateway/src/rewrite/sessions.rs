@@ -55,7 +55,8 @@ impl SessionTable {
     }
 
     pub fn set(&mut self, session: u64, target: usize, now: Instant) {
-        if self.current.len() >= self.max / 2 || now.saturating_duration_since(self.since) >= self.idle
+        if self.current.len() >= self.max / 2
+            || now.saturating_duration_since(self.since) >= self.idle
         {
             self.previous = std::mem::take(&mut self.current);
             self.since = now;

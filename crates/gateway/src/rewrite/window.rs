@@ -150,10 +150,16 @@ mod tests {
         let t0 = Instant::now();
         let mut w = Window::new(Duration::from_secs(10));
         for i in 0..95 {
-            w.add(Outcome::Served(Duration::from_millis(100)), t0 + Duration::from_millis(i));
+            w.add(
+                Outcome::Served(Duration::from_millis(100)),
+                t0 + Duration::from_millis(i),
+            );
         }
         for i in 0..5 {
-            w.add(Outcome::Served(Duration::from_secs(3)), t0 + Duration::from_millis(100 + i));
+            w.add(
+                Outcome::Served(Duration::from_secs(3)),
+                t0 + Duration::from_millis(100 + i),
+            );
         }
         w.add(Outcome::Failed, t0 + Duration::from_millis(200));
         let f = w.figures(t0 + Duration::from_secs(1));
@@ -164,9 +170,15 @@ mod tests {
             "{p95:?}"
         );
         // One more slow answer tips the 95th percentile to the slow ones.
-        w.add(Outcome::Served(Duration::from_secs(3)), t0 + Duration::from_secs(1));
+        w.add(
+            Outcome::Served(Duration::from_secs(3)),
+            t0 + Duration::from_secs(1),
+        );
         let p95 = w.figures(t0 + Duration::from_secs(1)).ttft_p95.unwrap();
-        assert!(p95 >= Duration::from_secs(3) && p95 <= Duration::from_millis(3300), "{p95:?}");
+        assert!(
+            p95 >= Duration::from_secs(3) && p95 <= Duration::from_millis(3300),
+            "{p95:?}"
+        );
     }
 
     #[test]
@@ -174,7 +186,10 @@ mod tests {
         let t0 = Instant::now();
         let mut w = Window::new(Duration::from_secs(10));
         w.add(Outcome::Failed, t0);
-        w.add(Outcome::Served(Duration::from_millis(5)), t0 + Duration::from_secs(6));
+        w.add(
+            Outcome::Served(Duration::from_millis(5)),
+            t0 + Duration::from_secs(6),
+        );
         assert_eq!(w.figures(t0 + Duration::from_secs(9)).answers, 2);
         let later = w.figures(t0 + Duration::from_secs(11));
         assert_eq!((later.answers, later.failures), (1, 0));

@@ -101,7 +101,10 @@ async fn a_canary_at_ten_percent_serves_ten_percent() {
     }
     let mut served = HashMap::<String, usize>::new();
     for t in tasks {
-        for (model, n) in within(Duration::from_secs(120), "2,000 requests", t).await.unwrap() {
+        for (model, n) in within(Duration::from_secs(120), "2,000 requests", t)
+            .await
+            .unwrap()
+        {
             *served.entry(model).or_default() += n;
         }
     }
@@ -126,12 +129,18 @@ async fn a_canary_at_ten_percent_serves_ten_percent() {
     }
     let metrics = admin_get(&gw, "/metrics").await;
     assert_eq!(
-        sample(&metrics, "infergate_rewrite_requests_total{rewrite=\"m-rollout\",target=\"m-v2\"}"),
+        sample(
+            &metrics,
+            "infergate_rewrite_requests_total{rewrite=\"m-rollout\",target=\"m-v2\"}"
+        ),
         Some(to_canary as f64),
         "{metrics}"
     );
     assert_eq!(
-        sample(&metrics, "infergate_rewrite_weight{rewrite=\"m-rollout\",target=\"m-v2\"}"),
+        sample(
+            &metrics,
+            "infergate_rewrite_weight{rewrite=\"m-rollout\",target=\"m-v2\"}"
+        ),
         Some(10.0)
     );
 }
@@ -158,7 +167,10 @@ async fn a_session_keeps_its_target() {
                 .await
                 .unwrap();
             assert_eq!(resp.status(), 200);
-            let model = resp.headers()["x-infergate-model"].to_str().unwrap().to_owned();
+            let model = resp.headers()["x-infergate-model"]
+                .to_str()
+                .unwrap()
+                .to_owned();
             by_session.entry(session).or_default().push(model);
         }
     }
@@ -170,7 +182,10 @@ async fn a_session_keeps_its_target() {
         );
         on_canary += usize::from(models[0] == "m-v2");
     }
-    assert!((5..=35).contains(&on_canary), "{on_canary} of 40 sessions on the canary");
+    assert!(
+        (5..=35).contains(&on_canary),
+        "{on_canary} of 40 sessions on the canary"
+    );
     assert_eq!(rewrites(&gw).await["rewrites"][0]["sessions"], 40);
 }
 
@@ -232,10 +247,17 @@ async fn a_healthy_canary_is_promoted_step_by_step() {
             .unwrap();
         assert_eq!(resp.status(), 200);
     }
-    assert_eq!(canary.count(), before + 20, "a promoted canary serves everything");
+    assert_eq!(
+        canary.count(),
+        before + 20,
+        "a promoted canary serves everything"
+    );
     let metrics = admin_get(&gw, "/metrics").await;
     assert_eq!(
-        sample(&metrics, "infergate_rewrite_promotions_total{rewrite=\"up\",target=\"m-v2\"}"),
+        sample(
+            &metrics,
+            "infergate_rewrite_promotions_total{rewrite=\"up\",target=\"m-v2\"}"
+        ),
         Some(3.0)
     );
 }
@@ -292,8 +314,15 @@ async fn a_slow_canary_is_rolled_back_under_load_without_a_failed_request() {
                     .unwrap();
                 assert_eq!(resp.status(), 200, "request {i}");
                 let text = resp.text().await.unwrap();
-                assert!(text.trim_end().ends_with("data: [DONE]"), "request {i}: {text}");
-                let model = if text.contains("\"model\":\"m-v2\"") { "m-v2" } else { "m" };
+                assert!(
+                    text.trim_end().ends_with("data: [DONE]"),
+                    "request {i}: {text}"
+                );
+                let model = if text.contains("\"model\":\"m-v2\"") {
+                    "m-v2"
+                } else {
+                    "m"
+                };
                 served.push((i, model));
             }
             served
@@ -301,7 +330,11 @@ async fn a_slow_canary_is_rolled_back_under_load_without_a_failed_request() {
     }
     let mut served = Vec::new();
     for t in tasks {
-        served.extend(within(Duration::from_secs(180), "the load", t).await.unwrap());
+        served.extend(
+            within(Duration::from_secs(180), "the load", t)
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(served.len(), N, "every request answered 200");
     let state = rewrites(&gw).await;
@@ -314,7 +347,11 @@ async fn a_slow_canary_is_rolled_back_under_load_without_a_failed_request() {
     // The rollback came early in the load: the canary served only about
     // the answers its guard needed (plus those already in flight), and
     // none of the last half of the requests.
-    let on_canary: Vec<usize> = served.iter().filter(|(_, m)| *m == "m-v2").map(|(i, _)| *i).collect();
+    let on_canary: Vec<usize> = served
+        .iter()
+        .filter(|(_, m)| *m == "m-v2")
+        .map(|(i, _)| *i)
+        .collect();
     assert!(on_canary.len() >= 8, "{on_canary:?}");
     assert!(
         on_canary.iter().all(|&i| i < N / 2),
@@ -322,7 +359,10 @@ async fn a_slow_canary_is_rolled_back_under_load_without_a_failed_request() {
     );
     let metrics = admin_get(&gw, "/metrics").await;
     assert_eq!(
-        sample(&metrics, "infergate_rewrite_rollbacks_total{rewrite=\"slow\",target=\"m-v2\"}"),
+        sample(
+            &metrics,
+            "infergate_rewrite_rollbacks_total{rewrite=\"slow\",target=\"m-v2\"}"
+        ),
         Some(1.0)
     );
 }
@@ -359,7 +399,12 @@ async fn a_stuck_shadow_never_holds_up_the_client() {
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["replica"], "primary");
     }
-    within(Duration::from_secs(10), "two copies at the shadow", shadow.wait_for(2)).await;
+    within(
+        Duration::from_secs(10),
+        "two copies at the shadow",
+        shadow.wait_for(2),
+    )
+    .await;
     assert!(models_received(&shadow).iter().all(|m| m == "m-next"));
     assert_eq!(primary.count(), 5);
     let metrics = admin_get(&gw, "/metrics").await;

@@ -767,7 +767,11 @@ fn a_removed_replica_moves_only_its_own_sessions() {
             session: Some(crate::session_key(format!("session-{s}").as_bytes())),
             ..PickRequest::default()
         };
-        pool.pick(&req, now, &[], &mut rng()).unwrap().endpoint.addr.clone()
+        pool.pick(&req, now, &[], &mut rng())
+            .unwrap()
+            .endpoint
+            .addr
+            .clone()
     };
     let before: Vec<_> = (0..600).map(|s| home(&pool, s)).collect();
     // Stable: asked again, every session answers the same.
@@ -789,10 +793,16 @@ fn a_removed_replica_moves_only_its_own_sessions() {
             moved += 1;
             assert_ne!(now_home, removed);
         } else {
-            assert_eq!(&now_home, addr, "session {s} moved off a replica that stayed");
+            assert_eq!(
+                &now_home, addr,
+                "session {s} moved off a replica that stayed"
+            );
         }
     }
-    assert!((50..=150).contains(&moved), "{moved} of 600 sessions lived on one of 6 replicas");
+    assert!(
+        (50..=150).contains(&moved),
+        "{moved} of 600 sessions lived on one of 6 replicas"
+    );
 }
 
 /// A saturated home sends its sessions elsewhere; they come back when it
