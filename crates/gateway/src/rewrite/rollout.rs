@@ -68,7 +68,7 @@ impl Rollout {
         metrics: Vec<TargetMetrics>,
         now: Instant,
     ) -> Self {
-        let targets = rewrite
+        let mut targets = rewrite
             .targets
             .iter()
             .map(|t| Target {
@@ -84,7 +84,6 @@ impl Rollout {
             .collect::<Vec<_>>();
         // The stable target's window is as long as the longest guard's, so
         // each canary compares with the same span.
-        let mut targets = targets;
         let longest = rewrite
             .targets
             .iter()
@@ -338,16 +337,15 @@ fn judge(guard: &config::Guard, canary: &Figures, stable: Option<&Figures>) -> O
             ),
             None => (allowed, "its ceiling".to_owned()),
         };
-        match canary.ttft_p95 {
-            Some(p95) if p95 > limit => {
-                return Some(format!(
-                    "TTFT p95 {} over {} answers exceeds {basis} = {}",
-                    ms(p95),
-                    canary.answers,
-                    ms(limit)
-                ));
-            }
-            _ => {}
+        if let Some(p95) = canary.ttft_p95
+            && p95 > limit
+        {
+            return Some(format!(
+                "TTFT p95 {} over {} answers exceeds {basis} = {}",
+                ms(p95),
+                canary.answers,
+                ms(limit)
+            ));
         }
     }
     if let Some(allowed) = guard.error_rate {
