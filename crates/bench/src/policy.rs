@@ -431,4 +431,24 @@ mod tests {
             virtual_gateway(&"scored".parse().unwrap(), &pool(&endpoints, 1.0)).unwrap();
         assert!((scaled.unwrap().max_wait - unscaled.unwrap().max_wait).abs() < 1e-9);
     }
+
+    #[test]
+    fn sessions_key_requests_by_their_user() {
+        let with: PolicyUnderTest = "latency+sessions".parse().unwrap();
+        assert!(with.sessions());
+        assert_eq!(with.to_string(), "scored:latency+sessions");
+        assert_eq!(with.to_string().parse::<PolicyUnderTest>().unwrap(), with);
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let (_, config) =
+            gateway_config(&with, &pool(&endpoints, 1.0), "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        assert!(config.spec.sessions.as_ref().is_some_and(|s| s.user));
+        let (_, plain) = gateway_config(
+            &"scored".parse().unwrap(),
+            &pool(&endpoints, 1.0),
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        assert_eq!(plain.spec.sessions, None);
+    }
 }

@@ -426,7 +426,7 @@ impl Scenario {
             }
             "agent" => Scenario {
                 name: "agent",
-                about: "Agent loops: every loop shares a 1.5k-token system prompt, then resends its growing transcript (a tool output of 200-1,000 tokens a turn, 4-12 turns, 2 s between turns); scored picking with and without session affinity (`+sessions`).",
+                about: "Agent loops: every loop shares a 1.5k-token system prompt, then resends its growing transcript (a tool output of 200-800 tokens a turn, 4-10 turns, 2 s between turns); scored picking with and without session affinity (`+sessions`).",
                 fleet: fleet(8, &["a10g"], "llama-3.1-8b"),
                 workload: workload(Traffic::Poisson, crate::workload::agent::agent_loops()),
                 loads,

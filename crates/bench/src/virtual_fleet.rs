@@ -716,6 +716,7 @@ mod tests {
                 },
             ],
             max_tokens: 10,
+            session: id,
         };
         let prefix = PrefixConfig::default();
         let requests: Vec<Prepared> = (0..4)

@@ -5,8 +5,9 @@
 //! prompt every loop shares), then, turn after turn, its whole transcript
 //! so far: each turn adds the model's last answer (a tool call) and the
 //! tool's output, so the context grows by a few hundred to a thousand
-//! tokens a turn over 4-12 turns, with a short pause (the tool running)
-//! between turns. Everything but the newest tool output is a prefix the
+//! tokens a turn over 4-10 turns (at most about 13k tokens, as long as
+//! the longest conversations of the shared-prefix scenario), with a short
+//! pause (the tool running) between turns. Everything but the newest tool output is a prefix the
 //! replica that served the previous turn has cached, which is what session
 //! affinity is for.
 //!
@@ -30,7 +31,7 @@ pub fn agent_loops() -> Mix {
             min: 200,
             max: 1000,
         },
-        turns: Range { min: 4, max: 12 },
+        turns: Range { min: 4, max: 10 },
         // The tool running between turns.
         think_seconds: 2.0,
         // A tool call or a short reasoning step.
