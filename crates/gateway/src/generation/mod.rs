@@ -117,9 +117,11 @@ pub struct Runtimes {
     /// backend settings stay the same.
     limit_store: Option<Store>,
     /// Rewrites' weights, guard windows and sessions, by rewrite name.
-    rollouts: Rollouts,
+    /// Boxed, as the next one: the gateway that holds these is moved by
+    /// value, so what it seldom touches is kept out of line.
+    rollouts: Box<Rollouts>,
     /// Mirrors' room for copies in flight, by mirror.
-    mirror_room: MirrorRoom,
+    mirror_room: Box<MirrorRoom>,
     /// Generations built so far.
     built: u64,
 }
@@ -131,8 +133,8 @@ impl Runtimes {
             auth: Sources::default(),
             workers,
             limit_store: None,
-            rollouts: Rollouts::default(),
-            mirror_room: MirrorRoom::default(),
+            rollouts: Box::default(),
+            mirror_room: Box::default(),
             built: 0,
         }
     }
