@@ -16,8 +16,11 @@ use crate::flow::{FlowLimits, FlowMode};
 
 /// A policy as named on the command line: `round-robin`, `least-request`,
 /// `random`, `scored` (default weights), or a weight preset such as
-/// `latency` (also spelt `scored:latency`); and whether the gateway's
-/// admission queue is on for the run.
+/// `latency` (also spelt `scored:latency`), any of them with `+sessions`
+/// for session affinity (the gateway keys sessions by the body's `user`,
+/// which the clients set to their session, and keeps a session on its
+/// replica); and whether the gateway's admission queue is
+/// on for the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyUnderTest {
     /// Config name of the policy.
@@ -25,6 +28,8 @@ pub struct PolicyUnderTest {
     /// Weight preset of the scored policy.
     preset: Option<String>,
     flow: FlowMode,
+    /// The gateway reads session keys (`spec.sessions`).
+    sessions: bool,
 }
 
 impl PolicyUnderTest {
@@ -36,7 +41,21 @@ impl PolicyUnderTest {
             policy: Self::ROUND_ROBIN,
             preset: None,
             flow: FlowMode::On,
+            sessions: false,
         }
+    }
+
+    /// The same policy with session affinity on.
+    pub fn with_sessions(self) -> Self {
+        Self {
+            sessions: true,
+            ..self
+        }
+    }
+
+    /// Whether requests carry their session key to the picker.
+    pub fn sessions(&self) -> bool {
+        self.sessions
     }
 
     /// The same policy with the admission queue `flow`.
@@ -71,6 +90,9 @@ impl std::str::FromStr for PolicyUnderTest {
 
     fn from_str(name: &str) -> anyhow::Result<Self> {
         let name = name.trim();
+        if let Some(base) = name.strip_suffix("+sessions") {
+            return Ok(base.parse::<Self>()?.with_sessions());
+        }
         let (policy, preset) = match name.split_once(':') {
             Some(("scored", preset)) => ("scored", Some(preset)),
             Some(_) => bail!("only the scored policy takes a preset: {name:?}"),
@@ -95,6 +117,7 @@ impl std::str::FromStr for PolicyUnderTest {
             policy,
             preset,
             flow: FlowMode::On,
+            sessions: false,
         })
     }
 }
@@ -102,9 +125,13 @@ impl std::str::FromStr for PolicyUnderTest {
 impl fmt::Display for PolicyUnderTest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.preset {
-            Some(preset) => write!(f, "{}:{preset}", self.policy),
-            None => f.write_str(self.policy),
+            Some(preset) => write!(f, "{}:{preset}", self.policy)?,
+            None => f.write_str(self.policy)?,
         }
+        if self.sessions {
+            f.write_str("+sessions")?;
+        }
+        Ok(())
     }
 }
 
@@ -201,6 +228,9 @@ pub fn gateway_config(
             }],
         },
     });
+    if policy.sessions {
+        document["spec"]["sessions"] = json!({"user": true});
+    }
     if pool.priorities {
         document["spec"]["flowControl"]["headerMayRaise"] = json!(true);
         document["spec"]["debug"] = json!({"decisionHeaders": true});
@@ -400,5 +430,25 @@ mod tests {
         let (_, unscaled) =
             virtual_gateway(&"scored".parse().unwrap(), &pool(&endpoints, 1.0)).unwrap();
         assert!((scaled.unwrap().max_wait - unscaled.unwrap().max_wait).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sessions_key_requests_by_their_user() {
+        let with: PolicyUnderTest = "latency+sessions".parse().unwrap();
+        assert!(with.sessions());
+        assert_eq!(with.to_string(), "scored:latency+sessions");
+        assert_eq!(with.to_string().parse::<PolicyUnderTest>().unwrap(), with);
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let (_, config) =
+            gateway_config(&with, &pool(&endpoints, 1.0), "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        assert!(config.spec.sessions.as_ref().is_some_and(|s| s.user));
+        let (_, plain) = gateway_config(
+            &"scored".parse().unwrap(),
+            &pool(&endpoints, 1.0),
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        assert_eq!(plain.spec.sessions, None);
     }
 }

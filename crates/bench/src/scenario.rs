@@ -5,7 +5,8 @@
 //! (`mixed-fleet`, `bursty`, `shared-prefix`, `lora`, `uniform`);
 //! `fleet-scale` is a thousand-replica fleet for virtual mode only;
 //! `flow-control` sends bursts of three priority bands and compares the
-//! gateway's admission queue on and off, live only.
+//! gateway's admission queue on and off, live only; `agent` runs agent
+//! loops (growing per-session context) with session affinity off and on.
 
 use std::fmt::Write as _;
 
@@ -139,6 +140,9 @@ pub enum Compare {
     /// a pool saturated, so only it ever queues) with the gateway's
     /// admission queue on, then off.
     FlowControl,
+    /// Every policy of `--policies`, then each scored one again with
+    /// session affinity (`+sessions`).
+    Sessions,
 }
 
 /// How long a run offers traffic.
@@ -180,8 +184,9 @@ pub const ALL: [&str; 6] = [
     "uniform",
     "flow-control",
 ];
-/// Every scenario name, `all` excluded.
-pub const NAMES: [&str; 7] = [
+/// Every scenario name, `all` excluded. `agent` is run by name: it
+/// compares session affinity on and off rather than the policies.
+pub const NAMES: [&str; 8] = [
     "mixed-fleet",
     "bursty",
     "shared-prefix",
@@ -189,6 +194,7 @@ pub const NAMES: [&str; 7] = [
     "uniform",
     "fleet-scale",
     "flow-control",
+    "agent",
 ];
 
 const LOADS: [f64; 4] = [0.5, 0.8, 1.0, 1.2];
@@ -418,6 +424,18 @@ impl Scenario {
                     compare: Compare::Policies,
                 }
             }
+            "agent" => Scenario {
+                name: "agent",
+                about: "Agent loops: every loop shares a 1.5k-token system prompt, then resends its growing transcript (a tool output of 200-800 tokens a turn, 4-10 turns, 2 s between turns); scored picking with and without session affinity (`+sessions`).",
+                fleet: fleet(8, &["a10g"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, crate::workload::agent::agent_loops()),
+                loads,
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+                virtual_time: true,
+                compare: Compare::Sessions,
+            },
             "uniform" => Scenario {
                 name: "uniform",
                 about: "Identical replicas and steady Poisson chat traffic: nothing for smart routing to exploit.",
@@ -448,7 +466,7 @@ impl Scenario {
             ),
         };
         // flow-control sizes its quick run itself: it must reach a peak.
-        if quick && scenario.compare == Compare::Policies {
+        if quick && matches!(scenario.compare, Compare::Policies | Compare::Sessions) {
             scenario.length = match scenario.length {
                 RunLength::Requests(n) => RunLength::Requests(n / 50),
                 seconds => seconds,

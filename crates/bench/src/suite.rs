@@ -171,6 +171,19 @@ pub fn names(scenario: &str, mode: Mode) -> anyhow::Result<Vec<&'static str>> {
 pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<PolicyUnderTest> {
     match scenario.compare {
         Compare::Policies => options.policies.clone(),
+        // Each policy, then each that scores with session affinity added.
+        Compare::Sessions => options
+            .policies
+            .iter()
+            .cloned()
+            .chain(
+                options
+                    .policies
+                    .iter()
+                    .filter(|p| p.uses_signals() && !p.sessions())
+                    .map(|p| p.clone().with_sessions()),
+            )
+            .collect(),
         Compare::FlowControl => options
             .policies
             .iter()
@@ -330,6 +343,12 @@ pub fn run_virtual(
 ) -> anyhow::Result<Vec<Outcome>> {
     let (picker, flow_control) = policy::virtual_gateway(policy, pool)?;
     let prefix = picker.prefix;
+    // The key the gateway hashes from the body's `user` (an anonymous
+    // caller's), when the policy keys sessions.
+    let sessions = policy.sessions();
+    let session_key = move |plan: &crate::workload::RequestPlan| {
+        sessions.then(|| picker::session_key(format!("anonymous\0{}", plan.user()).as_bytes()))
+    };
     let virtual_options = VirtualOptions {
         scrape_interval: options.scrape_interval,
         scrape_delay: options.scrape_delay,
@@ -342,7 +361,9 @@ pub fn run_virtual(
         let producer = move || {
             let mut batch = Vec::with_capacity(BATCH);
             for plan in workload.stream(rate, duration) {
-                batch.push(Prepared::new(&plan, &prefix));
+                let mut prepared = Prepared::new(&plan, &prefix);
+                prepared.session = session_key(&plan);
+                batch.push(prepared);
                 if batch.len() == BATCH {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                     if tx.send(full).is_err() {

@@ -74,6 +74,9 @@ pub struct Prepared {
     pub max_tokens: u32,
     /// Body size, for the admission queue's byte bound.
     pub body_bytes: u64,
+    /// The session key the gateway would hash from the body's `user`,
+    /// when the policy keeps sessions on their replica.
+    pub session: Option<u64>,
 }
 
 /// The gateway's guess of a request's tokens: prompt characters / 4 plus
@@ -100,6 +103,7 @@ impl Prepared {
             estimated_tokens: chars / CHARS_PER_TOKEN + u64::from(plan.max_tokens),
             max_tokens: plan.max_tokens,
             body_bytes: chars + BODY_OVERHEAD_BYTES,
+            session: None,
         }
     }
 }
@@ -577,6 +581,7 @@ fn pick(
         estimated_tokens: request.estimated_tokens,
         context_tokens: 0,
         explain: false,
+        session: request.session,
     };
     pool.pick(&pick, now, &[], rng)
 }
@@ -655,6 +660,7 @@ mod tests {
             estimated_tokens: u64::from(prompt_tokens + max_tokens),
             max_tokens,
             body_bytes: 1000,
+            session: None,
         }
     }
 
@@ -721,6 +727,7 @@ mod tests {
                 },
             ],
             max_tokens: 10,
+            session: id,
         };
         let prefix = PrefixConfig::default();
         let requests: Vec<Prepared> = (0..4)

@@ -117,3 +117,26 @@ pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";
+
+/// `rewrites[].targets[].guard.minRequests`: answers the canary must have
+/// in its window before its guard judges it. 200 requests put a p95 on
+/// ten samples above it, and an error rate of 2 % on four errors: fewer
+/// and one slow request could roll back a healthy canary.
+pub const GUARD_MIN_REQUESTS: u64 = 200;
+/// `rewrites[].targets[].guard.window`: the figures a guard compares are
+/// those of the last five minutes (the canary's and the stable target's
+/// over the same span, so load changes hit both alike).
+pub const GUARD_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// `sessions.idleTimeout`: a session that sent nothing for this long is
+/// forgotten by the rewrites (its next request is a new session's). Half
+/// an hour outlasts a person's pause between chat turns and an agent's
+/// wait on a slow tool.
+pub const SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// `sessions.maxSessions`: sessions each rewrite remembers; beyond it the
+/// least recently seen are forgotten first. A session costs about 40
+/// bytes, so 100,000 sessions are a few MiB per rewrite.
+pub const MAX_SESSIONS: usize = 100_000;
+/// `mirrors[].maxInFlight`: shadow requests of one mirror in flight at
+/// once; a copy that would exceed it is dropped (and counted), so a slow
+/// shadow pool never holds more than this many connections and bodies.
+pub const MIRROR_MAX_IN_FLIGHT: usize = 64;

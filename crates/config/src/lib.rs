@@ -12,6 +12,7 @@ mod problem;
 mod read;
 pub mod schema;
 mod security;
+mod traffic;
 mod validate;
 
 pub use load::{
@@ -20,4 +21,5 @@ pub use load::{
 pub use problem::{ConfigError, Problem, Unreadable};
 pub use schema::*;
 pub use security::*;
+pub use traffic::*;
 pub use validate::tenant_name;

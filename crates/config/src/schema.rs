@@ -17,6 +17,7 @@ use signals::Dialect;
 
 use crate::defaults;
 use crate::security::{Auth, ListenerTls, RateLimits, Tenant, UpstreamTls};
+use crate::traffic::{Mirror, Rewrite, Sessions};
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -111,6 +112,16 @@ pub struct Spec {
     #[serde(default)]
     pub rate_limits: RateLimits,
     pub pools: Vec<Pool>,
+    /// Model rewrites and canaries; see docs/traffic.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rewrites: Vec<Rewrite>,
+    /// Where a request's session key comes from (session affinity and
+    /// sticky rewrite targets); no sessions when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<Sessions>,
+    /// Shadow traffic: copies of requests sent to another pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<Mirror>,
 }
 
 /// When the gateway calls itself ready (`/readyz`, a Kubernetes readiness
@@ -577,6 +588,8 @@ pub struct Weights {
     pub prefix: Option<f64>,
     pub lora: Option<f64>,
     pub speed: Option<f64>,
+    /// Session affinity: a session's requests stay on its replica.
+    pub session: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]

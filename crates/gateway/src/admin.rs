@@ -1,5 +1,6 @@
 //! The admin listener: health, readiness, Prometheus metrics, the state
-//! of every pool as the picker sees it, and the fleet page (`ui/`).
+//! of every pool as the picker sees it, every rewrite's weights, guards
+//! and events (`/debug/rewrites`), and the fleet page (`ui/`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,10 +33,15 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
         }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
+        (&Method::GET, "/debug/rewrites") => respond::json(Bytes::from(
+            state.generation().rewrites.debug_json().to_string(),
+        )),
         (&Method::GET, path) if ui::serves(path) => ui::get(&state, &req),
-        (_, path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config")) => {
-            ApiError::method_not_allowed(&req.method, path).into_response()
-        }
+        (
+            _,
+            path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config"
+            | "/debug/rewrites"),
+        ) => ApiError::method_not_allowed(&req.method, path).into_response(),
         (_, path) if ui::serves(path) => {
             ApiError::method_not_allowed(&req.method, path).into_response()
         }
@@ -179,6 +185,7 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
         estimated_tokens: TYPICAL_TOKENS,
         context_tokens: 0,
         explain: true,
+        session: None,
     };
     match picker.pick(&request, now, &[], &mut rand::thread_rng()) {
         Ok(decision) => Typical {

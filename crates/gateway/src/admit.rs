@@ -109,6 +109,8 @@ pub struct OwnedPick {
     /// Prompt and completion tokens the replica must hold.
     pub context_tokens: u64,
     pub explain: bool,
+    /// The request's session key, hashed.
+    pub session: Option<u64>,
 }
 
 impl OwnedPick {
@@ -119,6 +121,7 @@ impl OwnedPick {
             estimated_tokens: self.estimated_tokens,
             context_tokens: self.context_tokens,
             explain: self.explain,
+            session: self.session,
         }
     }
 }

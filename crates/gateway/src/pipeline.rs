@@ -10,13 +10,16 @@
 //!    of that budget
 //! 2. authenticate — API key / JWT → tenant (auth/); anonymous when
 //!    authentication is off
-//! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded untouched
-//! 4. route — model name → pool (+ adapter)
+//! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded
+//!    untouched but for a rewritten `model`
+//! 4. route — a rewrite may pick another model (a canary) and rewrite the
+//!    body's `model` to it (rewrite/); model name → pool (+ adapter)
 //! 5. authorize — the caller's tenant (and token) may use this model
 //! 6. limit — reserve the request and its tokens on every rate limit that
 //!    applies (limits/), or refuse with 429 before it queues
 //! 7. admit — flow control: when every replica is saturated, wait in line
-//!    by priority band and fairness key (admit/)
+//!    by priority band and fairness key (admit/); once admitted, a
+//!    sampled copy may go to a mirror, off the request's task (mirror.rs)
 //! 8. pick — the endpoint picker over the pool's current snapshot, run by
 //!    admission for requests that go straight through and for waiters
 //! 9. forward — proxy to the replica over the worker's own pooled
@@ -39,7 +42,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::admit::{Admitted, OwnedPick, Ticket};
-use crate::auth::{AuthError, Identity};
+use crate::auth::{AuthError, Identity, Via};
 use crate::body::{ProxiedBody, ResponseBody};
 use crate::edge::{self, MODEL_PREFIX};
 use crate::error::{ApiError, DropReason};
@@ -48,15 +51,21 @@ use crate::pool::Pool;
 use crate::record::Record;
 use crate::request::InferenceRequest;
 use crate::respond::{json, text};
+use crate::rewrite::Served;
 use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, Forwarded, REQUEST_ID};
-use crate::{headers, replica_error, request_body};
+use crate::{headers, mirror, replica_error, request_body};
 
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
 const X_SCORES: &str = "x-infergate-scores";
+/// A rewritten request's model as the client asked for it, the model that
+/// served it, and the rewrite that chose it.
+const X_REQUESTED_MODEL: &str = "x-infergate-requested-model";
+const X_MODEL: &str = "x-infergate-model";
+const X_REWRITE: &str = "x-infergate-rewrite";
 /// Milliseconds the request waited in the admission queue (0 when it went
 /// straight through), to the microsecond.
 const X_QUEUE_WAIT: &str = "x-infergate-queue-wait-ms";
@@ -208,8 +217,24 @@ async fn infer(
     record.model = Some(request.model.to_string());
     record.stream = request.stream;
 
-    // 4. route
-    let route = match stage_span!("route").in_scope(|| generation.routes.resolve(&request.model)) {
+    // 4. route: a rewrite may send the request to another model (a
+    // canary), whose name the body then carries; then model → pool.
+    let session = generation.sessions.key(
+        &caller.tenant,
+        &headers,
+        matches!(caller.via, Via::Token(_)),
+        request.user.as_deref(),
+    );
+    let route_span = stage_span!("route");
+    let chosen = route_span.in_scope(|| {
+        generation
+            .rewrites
+            .choose(&request.model, &caller.tenant, &headers, session)
+    });
+    let served_model = chosen.as_ref().map(|c| Arc::clone(&c.model));
+    let model: &str = served_model.as_deref().unwrap_or(&*request.model);
+    record.rewrite = chosen.map(Served::from);
+    let route = match route_span.in_scope(|| generation.routes.resolve(model)) {
         Ok(route) => route,
         Err(e) => {
             record.routed(state.metrics.unrouted());
@@ -218,9 +243,18 @@ async fn infer(
     };
     let pool = Arc::clone(&route.pool);
     record.pool = Some(pool.name().clone());
-    if let Some(metrics) = pool.metrics().route(&request.model) {
+    if let Some(metrics) = pool.metrics().route(model) {
         record.routed(metrics);
     }
+    // The only change the gateway makes to a body: the rewritten model,
+    // in place (the parse stage has found the body's `model`).
+    let body = match &served_model {
+        Some(served) => match crate::rewrite::body::with_model(&body, served) {
+            Some(rewritten) => rewritten,
+            None => return refuse(record, ApiError::missing_model("`model` must be a string.")),
+        },
+        None => body.clone(),
+    };
 
     // 5. authorize: the model (or adapter), by the name it was asked for.
     if let Err(e) = generation.auth.authorize(&caller, &request.model) {
@@ -242,7 +276,13 @@ async fn infer(
     match reserved {
         // The record carries it: settled when the request ends, and its
         // headers go on every answer (refuse and pass_on add them).
-        Ok(reservation) => record.reservation = reservation,
+        Ok(reservation) => {
+            record.reservation = reservation;
+            // From here on, how the request ends is the target's doing.
+            if let Some(served) = &mut record.rewrite {
+                served.judged = true;
+            }
+        }
         Err(refused) => {
             let mut response = refuse(record, refused.error);
             refused.headers.apply(response.headers_mut());
@@ -259,6 +299,9 @@ async fn infer(
     .then(|| crate::stream_usage::ask_for_usage(&body))
     .flatten();
     let strip_usage = asked_usage.is_some();
+    // The body as the request's pool gets it, before the gateway asks a
+    // stream for its usage: what a mirror to a pool sends unchanged.
+    let original_body = body.clone();
     let body = asked_usage.unwrap_or_else(|| body.clone());
 
     // 7. admit: straight through when a replica has room, else wait in line.
@@ -277,9 +320,10 @@ async fn infer(
     let explain = generation.debug.decision_headers
         || record.feed.is_some()
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
-    let pick = pool
+    let mut pick = pool
         .runtime()
         .pick_request(&request, route.adapter.as_deref(), explain);
+    pick.session = session;
     let admit_started = Instant::now();
     let admitted = match pool
         .runtime()
@@ -297,6 +341,35 @@ async fn infer(
         }
     };
     record.waited(ticket.band, admitted.queue_wait);
+
+    // A copy for a mirror, sent off this task; the client never waits
+    // for it.
+    if let Some(mirror) = generation.mirrors.sample(&request.model) {
+        record.mirror = Some(mirror.metrics.clone());
+        let copy_body = if mirror.keeps_model() {
+            &original_body
+        } else {
+            &body
+        };
+        mirror.send(
+            worker,
+            mirror::ShadowRequest {
+                method: method.clone(),
+                uri: uri.clone(),
+                headers: mirror::ShadowRequest::headers(
+                    &headers,
+                    generation.auth.caller_fields(&caller),
+                ),
+                body: copy_body.clone(),
+                request_id: ids.request.clone(),
+                traceparent: ids.traceparent.clone(),
+                forwarded: forwarded.clone(),
+                estimated_tokens: request.estimated_tokens,
+                first_byte: generation.timeouts.first_byte(),
+                idle: generation.timeouts.idle(),
+            },
+        );
+    }
 
     // 9. forward, retrying other replicas before any byte.
     let outgoing = upstream::Outgoing {
@@ -507,6 +580,7 @@ async fn pass_on(
     if generation.debug.decision_headers {
         let waited = record.queue_wait.unwrap_or_default();
         decision_headers(&mut response_headers, name, &admitted.decision, waited);
+        rewrite_headers(&mut response_headers, &record);
     }
     let idle = generation.timeouts.idle();
     let keep = Arc::clone(generation) as _;
@@ -649,6 +723,27 @@ fn decision_headers(
         if let Ok(v) = HeaderValue::from_str(&value)
             && !value.is_empty()
         {
+            headers.insert(name, v);
+        }
+    }
+}
+
+/// For a rewritten request, the model asked for, the model served and
+/// the rewrite that chose it.
+fn rewrite_headers(headers: &mut HeaderMap, record: &Record) {
+    let Some(served) = &record.rewrite else {
+        return;
+    };
+    let pairs = [
+        (
+            X_REQUESTED_MODEL,
+            record.model.as_deref().unwrap_or_default(),
+        ),
+        (X_MODEL, &*served.model),
+        (X_REWRITE, served.rewrite.name.as_str()),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(value) {
             headers.insert(name, v);
         }
     }

@@ -125,6 +125,7 @@ impl Runtime {
             estimated_tokens: request.estimated_tokens,
             context_tokens: request.prompt_tokens + request.max_output.unwrap_or(1),
             explain,
+            session: None,
         }
     }
 
@@ -316,6 +317,7 @@ pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
         weights.prefix = w.prefix.unwrap_or(weights.prefix);
         weights.lora = w.lora.unwrap_or(weights.lora);
         weights.speed = w.speed.unwrap_or(weights.speed);
+        weights.session = w.session.unwrap_or(weights.session);
     }
     let mut saturation = defaults.saturation;
     if let Some(sat) = &s.saturation {

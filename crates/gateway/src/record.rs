@@ -19,8 +19,10 @@ use tokio::time::Instant;
 
 use crate::error::ApiError;
 use crate::limits::{Outcome, Reservation};
+use crate::rewrite::Served;
 use crate::telemetry::decisions::{Ended, Pending};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
+use crate::telemetry::rollout::MirrorMetrics;
 use crate::telemetry::trace_context::TraceId32;
 use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason};
 
@@ -67,6 +69,12 @@ pub struct Record {
     pub sent: bool,
     /// Set when the fleet page's decision feed samples the request.
     pub feed: Option<Pending>,
+    /// The rewrite that chose the model served, which hears how the
+    /// answer went (its guard's figures).
+    pub rewrite: Option<Served>,
+    /// Set when a copy of the request went to a mirror: the client's
+    /// answer is measured beside the copy's.
+    pub mirror: Option<MirrorMetrics>,
     /// The route's metric handles; set once the request reached routing.
     metrics: Option<Arc<RouteMetrics>>,
     span: tracing::Span,
@@ -105,6 +113,8 @@ impl Record {
             reservation: None,
             sent: false,
             feed: None,
+            rewrite: None,
+            mirror: None,
             metrics: None,
             span,
             start,
@@ -291,6 +301,14 @@ impl Drop for Record {
         if let Some(feed) = self.feed.take() {
             feed.finish(self.ended(status, duration, usage));
         }
+        if let Some(served) = &self.rewrite {
+            served.finish(status, self.ttft);
+        }
+        if let Some(mirror) = &self.mirror {
+            mirror
+                .primary
+                .observe(status, self.ttft, duration, usage.completion_tokens);
+        }
         let span = &self.span;
         if !span.is_disabled() {
             span.record("http.response.status_code", status);
@@ -311,6 +329,8 @@ impl Drop for Record {
             key = self.caller.as_ref().and_then(|c| c.key.as_deref()),
             issuer = self.caller.as_ref().and_then(|c| c.issuer.as_deref()),
             model = self.model.as_deref(),
+            served_model = self.rewrite.as_ref().map(|r| &*r.model),
+            rewrite = self.rewrite.as_ref().map(|r| r.rewrite.name.as_str()),
             pool = self.pool.as_deref(),
             endpoint = self.endpoint.as_deref(),
             status,

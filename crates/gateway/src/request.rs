@@ -41,6 +41,8 @@ pub struct InferenceRequest<'a> {
     /// `max_completion_tokens` or `max_tokens`, when the request bounds
     /// its answer.
     pub max_output: Option<u64>,
+    /// OpenAI's `user`, when a string: a session key if `sessions.user`.
+    pub user: Option<Cow<'a, str>>,
     /// The prompt fields, for the picker's prefix hashes.
     prompt: Prompt<'a>,
 }
@@ -80,6 +82,10 @@ impl<'a> InferenceRequest<'a> {
             stream: fields.stream,
             prompt_tokens,
             max_output,
+            user: match fields.user {
+                Some(Json::Str(user)) => Some(user),
+                _ => None,
+            },
             // Bounded: a client's `max_tokens` may be any u64, and a sum
             // that wrapped would make a huge request look nearly free.
             estimated_tokens: prompt_tokens
@@ -196,6 +202,7 @@ struct BodyFields<'a> {
     stream: bool,
     max_completion_tokens: Option<Json<'a>>,
     max_tokens: Option<Json<'a>>,
+    user: Option<Json<'a>>,
     prompt: Prompt<'a>,
 }
 
@@ -233,6 +240,7 @@ impl<'de> Visitor<'de> for TopVisitor {
                 "stream" => fields.stream = matches!(map.next_value()?, Json::Bool(true)),
                 "max_completion_tokens" => fields.max_completion_tokens = Some(map.next_value()?),
                 "max_tokens" => fields.max_tokens = Some(map.next_value()?),
+                "user" => fields.user = Some(map.next_value()?),
                 "messages" => fields.prompt.messages = Some(map.next_value()?),
                 "prompt" => fields.prompt.prompt = Some(map.next_value()?),
                 "input" => fields.prompt.input = Some(map.next_value()?),

@@ -23,7 +23,7 @@ impl CandidateScore {
     }
 }
 
-/// `addr=total(q=..,kv=..,if=..,px=..,lora=..)`
+/// `addr=total(q=..,kv=..,if=..,px=..,lora=..,ss=..)`
 impl fmt::Display for CandidateScore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}={:.2}(", self.endpoint.addr, self.total)?;
@@ -77,7 +77,7 @@ mod tests {
         CandidateScore {
             endpoint: Endpoint::new(0, addr),
             total,
-            parts: [1.0, 0.7, 1.0, 0.5, 1.0, 1.0],
+            parts: [1.0, 0.7, 1.0, 0.5, 1.0, 1.0, 1.0],
         }
     }
 
@@ -86,7 +86,7 @@ mod tests {
         let s = score("127.0.0.1:9001", 0.8125);
         assert_eq!(
             s.to_string(),
-            "127.0.0.1:9001=0.81(q=1.00,kv=0.70,if=1.00,px=0.50,lora=1.00,sp=1.00)"
+            "127.0.0.1:9001=0.81(q=1.00,kv=0.70,if=1.00,px=0.50,lora=1.00,sp=1.00,ss=1.00)"
         );
         assert_eq!(s.part(Scorer::Prefix), 0.5);
         let scores = [s, score("b:1", 0.5), score("c:1", 0.25)];

@@ -12,6 +12,7 @@
 //! - [`endpoint`]: a replica, its in-flight load and its observation.
 //! - [`prefix`]: prompt hashing and the prefix-cache affinity index.
 //! - [`scorers`]: one score in `[0, 1]` per candidate and signal.
+//! - [`session`]: session affinity, bounded-load rendezvous hashing.
 //! - [`retry_after`]: the `Retry-After` estimate for a saturated pool.
 //! - [`Picker`]: membership snapshot, the pick, and the prefix record.
 //! - [`explain`]: per-candidate scores for logs and headers.
@@ -32,6 +33,7 @@ pub mod prefix;
 pub mod retry_after;
 pub mod scorers;
 mod seqlock;
+pub mod session;
 pub mod summary;
 
 pub use endpoint::{Endpoint, Load, LoadGuard};
@@ -45,3 +47,4 @@ pub use pool::{Decision, PickError, PickRequest, Picker};
 pub use prefix::{PrefixIndex, PromptHasher, PromptValue, prompt_hashes};
 pub use retry_after::estimate_retry_after;
 pub use scorers::{LoraFit, Scorer, Signals};
+pub use session::{SessionFit, session_key};

@@ -112,6 +112,9 @@ pub struct Weights {
     pub lora: f64,
     /// The replica's measured speed per generated token.
     pub speed: f64,
+    /// Session affinity: a session's requests stay on its replica
+    /// ([`crate::session`]). Only requests with a session key feel it.
+    pub session: f64,
 }
 
 impl Weights {
@@ -139,6 +142,7 @@ impl Weights {
         prefix: 3.0,
         lora: 2.0,
         speed: 2.0,
+        session: Weights::SESSION,
     };
 
     /// Lowest time to first token under bursty load: spread load first,
@@ -150,6 +154,7 @@ impl Weights {
         prefix: 2.0,
         lora: 2.0,
         speed: 3.0,
+        session: Weights::SESSION,
     };
 
     /// Highest tokens per second for batch work: every cache hit is prefill
@@ -164,7 +169,16 @@ impl Weights {
         prefix: 4.0,
         lora: 3.0,
         speed: 1.0,
+        session: Weights::SESSION,
     };
+
+    /// Session affinity's weight in every preset. A session's replica
+    /// gets the whole session score and every other replica none, so 4
+    /// (half the load weights of the chat preset) keeps a session where it
+    /// is against load gaps of up to half the load score; past that, or
+    /// past the load bound of [`crate::session`], it moves. Its prefix
+    /// affinity usually points the same way and adds to it.
+    pub const SESSION: f64 = 4.0;
 
     /// A named preset: `"default"` (chat), `"latency"` or `"throughput"`.
     pub fn preset(name: &str) -> Option<Weights> {
@@ -177,10 +191,16 @@ impl Weights {
     }
 
     pub fn sum(&self) -> f64 {
-        self.queue + self.kv_cache + self.inflight + self.prefix + self.lora + self.speed
+        self.queue
+            + self.kv_cache
+            + self.inflight
+            + self.prefix
+            + self.lora
+            + self.speed
+            + self.session
     }
 
-    fn named(&self) -> [(&'static str, f64); 6] {
+    fn named(&self) -> [(&'static str, f64); 7] {
         [
             ("queue", self.queue),
             ("kv_cache", self.kv_cache),
@@ -188,6 +208,7 @@ impl Weights {
             ("prefix", self.prefix),
             ("lora", self.lora),
             ("speed", self.speed),
+            ("session", self.session),
         ]
     }
 }

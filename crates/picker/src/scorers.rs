@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::observation::EngineState;
 use crate::policy::{InflightTolerance, Weights};
+use crate::session::SessionFit;
 
 /// What the scorers know about one candidate, extracted once per pick.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -32,6 +33,9 @@ pub struct Signals {
     pub lora: LoraFit,
     /// Seconds per generated token the gateway measured on the replica.
     pub token_time: Option<f64>,
+    /// The replica's place for the request's session
+    /// ([`crate::session`]).
+    pub session: SessionFit,
 }
 
 /// How well a replica can serve the request's LoRA adapter.
@@ -107,16 +111,18 @@ pub enum Scorer {
     Prefix,
     Lora,
     Speed,
+    Session,
 }
 
 impl Scorer {
-    pub const ALL: [Scorer; 6] = [
+    pub const ALL: [Scorer; 7] = [
         Scorer::Queue,
         Scorer::KvCache,
         Scorer::Inflight,
         Scorer::Prefix,
         Scorer::Lora,
         Scorer::Speed,
+        Scorer::Session,
     ];
     pub const COUNT: usize = Scorer::ALL.len();
 
@@ -129,6 +135,7 @@ impl Scorer {
             Scorer::Prefix => "px",
             Scorer::Lora => "lora",
             Scorer::Speed => "sp",
+            Scorer::Session => "ss",
         }
     }
 
@@ -140,6 +147,7 @@ impl Scorer {
             Scorer::Prefix => weights.prefix,
             Scorer::Lora => weights.lora,
             Scorer::Speed => weights.speed,
+            Scorer::Session => weights.session,
         }
     }
 
@@ -152,6 +160,7 @@ impl Scorer {
             Scorer::Prefix => prefix(signals, ctx.prompt_blocks, out),
             Scorer::Lora => lora(signals, out),
             Scorer::Speed => speed(signals, out),
+            Scorer::Session => session(signals, out),
         }
     }
 }
@@ -237,6 +246,17 @@ pub fn lora(signals: &[Signals], out: &mut [f64]) {
         *score = s.lora.score().unwrap_or(f64::NAN);
     }
     fill_unknown_with_mean(out);
+}
+
+/// The session's home → 1, other replicas → 0 ([`crate::session`]);
+/// without a session every candidate gets 1.
+pub fn session(signals: &[Signals], out: &mut [f64]) {
+    for (score, s) in out.iter_mut().zip(signals) {
+        *score = match s.session {
+            SessionFit::NoSession | SessionFit::Home => 1.0,
+            SessionFit::Away => 0.0,
+        };
+    }
 }
 
 /// `1 - (v - min) / max(max - min, floor)` for known values; unknown ones
@@ -428,6 +448,20 @@ mod tests {
             fit(LoraFit::NoRoom),
         ];
         approx(&run(Scorer::Lora, &s, 0), &[1.0, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn session_scores_home_one_and_others_zero() {
+        let fit = |session| Signals {
+            session,
+            ..Signals::default()
+        };
+        let s = [
+            fit(SessionFit::Away),
+            fit(SessionFit::Home),
+            fit(SessionFit::NoSession),
+        ];
+        approx(&run(Scorer::Session, &s, 0), &[0.0, 1.0, 1.0]);
     }
 
     #[test]

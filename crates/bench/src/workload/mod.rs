@@ -10,6 +10,7 @@
 //! a random stream keyed by the request's index, arrival times from another
 //! one. Changing the load rescales the arrival times only.
 
+pub mod agent;
 mod arrivals;
 pub mod text;
 
@@ -170,6 +171,10 @@ pub struct RequestPlan {
     /// Tokens to generate (the simulated model answers with exactly this
     /// many).
     pub max_tokens: u32,
+    /// The client session the request belongs to (every turn of a
+    /// conversation shares it), sent as OpenAI's `user` field, which a
+    /// gateway with `sessions: {user: true}` keys sessions by.
+    pub session: u64,
 }
 
 impl RequestPlan {
@@ -184,12 +189,18 @@ impl RequestPlan {
             "model": &*self.model,
             "messages": messages,
             "max_tokens": self.max_tokens,
+            "user": self.user(),
         });
         if stream {
             body["stream"] = Value::Bool(true);
             body["stream_options"] = json!({"include_usage": true});
         }
         body
+    }
+
+    /// The body's `user`: the client session.
+    pub fn user(&self) -> String {
+        format!("session-{}", self.session)
     }
 
     /// Prompt token ids as a simulated replica computes them from
@@ -336,6 +347,7 @@ impl Workload {
                     })
                     .collect();
                 Session {
+                    id: 0,
                     model: Arc::clone(&self.model),
                     adapter: None,
                     system: Some(Arc::clone(document)),
@@ -397,6 +409,8 @@ struct Turn {
 
 /// One client session: a single request or a conversation.
 struct Session {
+    /// Its index in arrival order.
+    id: u64,
     model: Arc<str>,
     adapter: Option<Arc<str>>,
     system: Option<Arc<Text>>,
@@ -408,6 +422,7 @@ struct Session {
 impl Session {
     fn single(model: Arc<str>, adapter: Option<Arc<str>>, prompt: Arc<Text>, output: u32) -> Self {
         Session {
+            id: 0,
             model,
             adapter,
             system: None,
@@ -520,6 +535,7 @@ impl RequestStream<'_> {
             adapter: session.adapter.clone(),
             messages,
             max_tokens,
+            session: session.id,
         }
     }
 }
@@ -548,7 +564,10 @@ impl Iterator for RequestStream<'_> {
             return None;
         }
         self.next_session_at = None;
-        let session = Arc::new(self.workload.session(self.next_session));
+        let session = Arc::new(Session {
+            id: self.next_session,
+            ..self.workload.session(self.next_session)
+        });
         self.next_session += 1;
         Some(self.emit(new_at, session, 0, Vec::new()))
     }

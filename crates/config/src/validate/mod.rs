@@ -11,6 +11,7 @@ use signals::Dialect;
 
 mod security;
 mod tls;
+mod traffic;
 
 pub(crate) use security::check_api_keys;
 pub use security::tenant_name;
@@ -182,6 +183,9 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
             unreadable.was_read(&format!("spec.pools[{i}].models"))
                 && unreadable.was_read(&format!("spec.pools[{i}].adapters"))
         });
+    if every_name_read {
+        traffic::check(&mut p, spec, &served);
+    }
     for model in spec.objectives.keys() {
         if every_name_read && !served.contains_key(model.as_str()) {
             p.add(
@@ -333,6 +337,7 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unre
             ("inflight", w.inflight),
             ("prefix", w.prefix),
             ("lora", w.lora),
+            ("session", w.session),
         ] {
             if let Some(v) = value
                 && !(v.is_finite() && v >= 0.0)

@@ -15,8 +15,11 @@ use std::sync::Arc;
 use crate::auth::{Authenticator, Sources};
 use crate::edge::ForwardedPaths;
 use crate::limits::{Limiter, Store};
+use crate::mirror::{MirrorRoom, Mirrors};
 use crate::pool::{Pool, Runtime};
+use crate::rewrite::{Rewrites, Rollouts};
 use crate::routes::ModelTable;
+use crate::sessions::SessionKeys;
 use crate::telemetry::Metrics;
 use crate::tls::{self, client::PoolTls};
 use crate::upstream::TrustedProxies;
@@ -27,6 +30,12 @@ pub struct Generation {
     /// Who callers are and which models their tenants may use.
     pub auth: Authenticator,
     pub routes: ModelTable,
+    /// Model rewrites (canaries), applied at the route stage.
+    pub rewrites: Rewrites,
+    /// Where requests' session keys come from.
+    pub sessions: SessionKeys,
+    /// Shadow traffic.
+    pub mirrors: Mirrors,
     /// In config order.
     pub pools: Vec<Arc<Pool>>,
     pub limits: config::Limits,
@@ -107,6 +116,12 @@ pub struct Runtimes {
     /// Rate-limit counts (or the Redis connection), kept while the
     /// backend settings stay the same.
     limit_store: Option<Store>,
+    /// Rewrites' weights, guard windows and sessions, by rewrite name.
+    /// Boxed, as the next one: the gateway that holds these is moved by
+    /// value, so what it seldom touches is kept out of line.
+    rollouts: Box<Rollouts>,
+    /// Mirrors' room for copies in flight, by mirror.
+    mirror_room: Box<MirrorRoom>,
     /// Generations built so far.
     built: u64,
 }
@@ -118,6 +133,8 @@ impl Runtimes {
             auth: Sources::default(),
             workers,
             limit_store: None,
+            rollouts: Box::default(),
+            mirror_room: Box::default(),
             built: 0,
         }
     }
@@ -171,6 +188,9 @@ impl Runtimes {
         self.by_name = by_name;
         self.limit_store = Some(limit_store.clone());
         self.built += 1;
+        let routes = ModelTable::new(&spec.pools, &pools);
+        let rewrites = self.rollouts.build(spec, metrics);
+        let mirrors = self.mirror_room.build(spec, &routes, &pools, metrics);
         Ok(Generation {
             applied: Applied {
                 number: self.built,
@@ -178,7 +198,10 @@ impl Runtimes {
                 spec: spec.clone(),
             },
             auth,
-            routes: ModelTable::new(&spec.pools, &pools),
+            routes,
+            rewrites,
+            sessions: SessionKeys::new(spec.sessions.as_ref()),
+            mirrors,
             pools,
             limits: spec.limits.clone(),
             timeouts: spec.timeouts.clone(),

@@ -491,7 +491,7 @@ mod tests {
             .map(|i| picker::CandidateScore {
                 endpoint: picker::Endpoint::new(i, format!("10.0.0.{i}:8000")),
                 total: 1.0 - i as f64 / 20.0,
-                parts: [1.0, 0.5, 1.0, 0.0, 1.0, 1.0],
+                parts: [1.0, 0.5, 1.0, 0.0, 1.0, 1.0, 1.0],
             })
             .collect();
         let decision = Decision {

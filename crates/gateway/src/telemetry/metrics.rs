@@ -286,6 +286,8 @@ pub struct Metrics {
     /// Series for requests whose model no pool serves; made on first use so
     /// a gateway that never sees one exports no empty series for it.
     unrouted: OnceLock<Arc<RouteMetrics>>,
+    /// Rewrites' targets and mirrors.
+    pub rollout: super::rollout::RolloutMetrics,
 }
 
 impl Default for Metrics {
@@ -298,6 +300,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let families = Families::register(&mut registry);
+        let rollout = super::rollout::RolloutMetrics::register(&mut registry);
         let live = Arc::new(RwLock::new(Vec::new()));
         registry.register_collector(Box::new(LiveGauges::new(Arc::clone(&live))));
         let server = ServerGauges::default();
@@ -309,6 +312,7 @@ impl Metrics {
             live,
             server: server_gauges,
             unrouted: OnceLock::new(),
+            rollout,
         }
     }
 

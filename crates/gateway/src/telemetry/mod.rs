@@ -25,6 +25,7 @@ pub mod metrics;
 mod otlp;
 pub mod panics;
 pub mod response;
+pub mod rollout;
 mod spans;
 #[cfg(test)]
 mod test_writer;

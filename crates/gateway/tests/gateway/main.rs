@@ -14,7 +14,8 @@
 //! - [`reload`]: a new config applied while requests run;
 //! - [`limits`]: rate limits, locally and shared through a real Redis;
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
-//!   `https://` replicas.
+//!   `https://` replicas;
+//! - [`traffic`]: rewrites and canaries, sticky sessions, mirrors.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -34,3 +35,4 @@ mod reload;
 #[path = "../support/mod.rs"]
 mod support;
 mod tls;
+mod traffic;

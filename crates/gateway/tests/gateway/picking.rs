@@ -233,7 +233,7 @@ fn system_prompt(topic: &str) -> String {
 // The `x-infergate-scores` header
 
 /// One candidate in `x-infergate-scores`:
-/// `addr=total(q=..,kv=..,if=..,px=..,lora=..,sp=..)`.
+/// `addr=total(q=..,kv=..,if=..,px=..,lora=..,sp=..,ss=..)`.
 #[derive(Debug, Clone)]
 struct Scored {
     addr: String,
@@ -809,12 +809,13 @@ async fn scores_header_lists_every_candidate_with_its_parts() {
     ];
     for s in &scores {
         let labels: Vec<&str> = s.parts.iter().map(|(l, _)| l.as_str()).collect();
-        assert_eq!(labels, ["q", "kv", "if", "px", "lora"], "{s:?}");
+        assert_eq!(labels, ["q", "kv", "if", "px", "lora", "ss"], "{s:?}");
         assert!(
             s.parts.iter().all(|(_, v)| (0.0..=1.0).contains(v)),
             "{s:?}"
         );
-        // The total is the weighted mean of the parts (all rounded to 0.01).
+        // The total is the weighted mean of the parts (all rounded to 0.01);
+        // without a session the session scorer takes no part in it.
         let mean = weights.iter().map(|(l, w)| w * s.part(l)).sum::<f64>()
             / weights.iter().map(|(_, w)| w).sum::<f64>();
         assert!((s.total - mean).abs() <= 0.011, "{s:?}: mean {mean}");

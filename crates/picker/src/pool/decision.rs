@@ -28,6 +28,8 @@ pub struct PickRequest<'a> {
     pub context_tokens: u64,
     /// Fill [`Decision::scores`] with every candidate's scores.
     pub explain: bool,
+    /// The request's session key, hashed; `None` without a session.
+    pub session: Option<u64>,
 }
 
 /// The chosen replica, and why.

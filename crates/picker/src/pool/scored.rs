@@ -17,6 +17,7 @@ use crate::health::Health;
 use crate::policy::{Fallback, PickerConfig, Policy, Weights};
 use crate::prefix::{MatchScratch, PrefixIndex};
 use crate::scorers::{LoraFit, ScoreContext, Scorer, Signals};
+use crate::session::{self, SessionFit};
 
 /// Totals this close are a tie (they differ only by rounding).
 const TIE_EPSILON: f64 = 1e-9;
@@ -39,6 +40,10 @@ struct Scratch {
     marked: Vec<bool>,
     /// Endpoint indexes from the prefix index.
     holders: Vec<usize>,
+    /// Candidates' in-flight requests and session fits, for the session's
+    /// home.
+    inflight: Vec<u64>,
+    fits: Vec<SessionFit>,
 }
 
 impl Scratch {
@@ -107,10 +112,17 @@ impl ScoredPick<'_> {
             return self.without_candidates(&census, rng);
         }
         self.prefix_matches(scratch);
+        self.session_home(scratch);
         self.score(scratch);
+        // Without a session the session scorer does not take part, so
+        // sessionless picks total exactly as they would without it.
+        let mut weights = self.config.weights;
+        if self.req.session.is_none() {
+            weights.session = 0.0;
+        }
         let totals = Totals {
-            weights: &self.config.weights,
-            weight_sum: self.config.weights.sum(),
+            weights: &weights,
+            weight_sum: weights.sum(),
             columns: &scratch.columns,
             count: scratch.signals.len(),
         };
@@ -260,6 +272,7 @@ impl ScoredPick<'_> {
                 adapter => LoraFit::classify(adapter, endpoint.observation().state.as_deref()),
             },
             token_time: endpoint.token_time(),
+            session: SessionFit::NoSession,
         });
     }
 
@@ -311,6 +324,33 @@ impl ScoredPick<'_> {
             for (signals, &matched) in scratch.signals.iter_mut().zip(&scratch.matched) {
                 signals.prefix_blocks = matched;
             }
+        }
+    }
+
+    /// The session's home among the candidates, into their signals.
+    /// Skipped without a session, or when nothing reads it.
+    fn session_home(&self, scratch: &mut Scratch) {
+        let Some(key) = self.req.session else {
+            return;
+        };
+        if self.config.weights.session <= 0.0 && !self.req.explain {
+            return;
+        }
+        let Scratch {
+            positions,
+            signals,
+            inflight,
+            fits,
+            ..
+        } = scratch;
+        inflight.clear();
+        inflight.extend(signals.iter().map(|s| s.inflight_requests));
+        fits.clear();
+        fits.resize(signals.len(), SessionFit::NoSession);
+        let addrs = positions.iter().map(|&p| &*self.snapshot[p].addr);
+        session::assign(key, addrs, inflight, fits);
+        for (signals, &fit) in signals.iter_mut().zip(fits.iter()) {
+            signals.session = fit;
         }
     }
 

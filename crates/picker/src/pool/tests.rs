@@ -508,7 +508,7 @@ fn explain_lists_every_candidate_best_first() {
     assert!(top.winner > top.runner_up.unwrap());
     let header = decision.scores_header(8).to_string();
     assert!(
-        header.starts_with("10.0.0.1:8000=0.99(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00,sp=1.00);"),
+        header.starts_with("10.0.0.1:8000=0.99(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00,sp=1.00,ss=1.00);"),
         "{header}"
     );
     assert_eq!(header.matches(';').count(), 2);
@@ -756,4 +756,72 @@ fn a_large_pool_shares_one_prefix_budget() {
     let small = fleet(scored(), vec![idle(); 4], now);
     small.record(1, &hashes);
     assert_eq!(small.prefix_index().blocks_held(1), 3_000);
+}
+
+/// Sessions stay on their replica while it stays; removing one replica
+/// moves only the sessions that lived there, through the whole scored
+/// pick (filters, every scorer, the weighted sum).
+#[test]
+fn a_removed_replica_moves_only_its_own_sessions() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); 6], now);
+    let home = |pool: &Picker, s: u64| {
+        let req = PickRequest {
+            session: Some(crate::session_key(format!("session-{s}").as_bytes())),
+            ..PickRequest::default()
+        };
+        pool.pick(&req, now, &[], &mut rng())
+            .unwrap()
+            .endpoint
+            .addr
+            .clone()
+    };
+    let before: Vec<_> = (0..600).map(|s| home(&pool, s)).collect();
+    // Stable: asked again, every session answers the same.
+    for (s, addr) in before.iter().enumerate() {
+        assert_eq!(&home(&pool, s as u64), addr);
+    }
+    let old = pool.endpoints();
+    let removed = old[3].addr.clone();
+    let kept: Vec<_> = old
+        .iter()
+        .filter(|ep| ep.addr != removed)
+        .cloned()
+        .collect();
+    pool.replace_endpoints(kept);
+    let mut moved = 0;
+    for (s, addr) in before.iter().enumerate() {
+        let now_home = home(&pool, s as u64);
+        if *addr == removed {
+            moved += 1;
+            assert_ne!(now_home, removed);
+        } else {
+            assert_eq!(
+                &now_home, addr,
+                "session {s} moved off a replica that stayed"
+            );
+        }
+    }
+    assert!(
+        (50..=150).contains(&moved),
+        "{moved} of 600 sessions lived on one of 6 replicas"
+    );
+}
+
+/// A saturated home sends its sessions elsewhere; they come back when it
+/// recovers.
+#[test]
+fn a_saturated_home_passes_its_session_on() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); 4], now);
+    let req = PickRequest {
+        session: Some(crate::session_key(b"agent-7")),
+        ..PickRequest::default()
+    };
+    let home = pick_index(&pool, &req, now, &[]);
+    observe(&pool.endpoints()[home], busy(50, 0.5), now);
+    let elsewhere = pick_index(&pool, &req, now, &[]);
+    assert_ne!(elsewhere, home);
+    observe(&pool.endpoints()[home], idle(), now);
+    assert_eq!(pick_index(&pool, &req, now, &[]), home);
 }
