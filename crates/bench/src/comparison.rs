@@ -21,7 +21,11 @@ pub struct Ranking {
 impl Ranking {
     /// Rank the routers of `rows` by `value` (lower is better); routers
     /// without the figure are left out. `None` when no router has it.
-    pub fn of(metric: &'static str, rows: &[&Summary], value: fn(&Summary) -> Option<f64>) -> Option<Self> {
+    pub fn of(
+        metric: &'static str,
+        rows: &[&Summary],
+        value: fn(&Summary) -> Option<f64>,
+    ) -> Option<Self> {
         let mut order: Vec<(String, f64)> = rows
             .iter()
             .filter_map(|r| Some((r.policy.clone(), value(r)?)))
@@ -229,7 +233,10 @@ mod tests {
             .unwrap();
         // 2 CPU seconds over 100 requests: 20 ms each; ×1.25 of nginx's p95.
         assert!(line.contains("| 2.0 | 20.00 | ×1.25 | ×1.00 |"), "{line}");
-        let nginx = md.lines().find(|l| l.contains("| nginx:least_conn |")).unwrap();
+        let nginx = md
+            .lines()
+            .find(|l| l.contains("| nginx:least_conn |"))
+            .unwrap();
         assert!(nginx.contains("| — | — | ×1.00 | ×1.25 |"), "{nginx}");
         assert!(md.contains("At 75 %: **TTFT p95**: best `nginx:least_conn`"));
         assert_eq!(Ranking::of("TTFT p95", &[], |s| s.ttft_p95_ms), None);

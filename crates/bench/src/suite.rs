@@ -13,8 +13,8 @@ use crate::capacity::{self, Calibration, FleetCapacity};
 use crate::flow::FlowMode;
 use crate::live::{self, GatewayLauncher, LiveOptions};
 use crate::policy::{self, PolicyUnderTest, PoolDocument};
-use crate::routers::{self, RouterUnderTest};
 use crate::report::{FleetReport, ReplicaCapacityReport, RunDetail, ScenarioReport, Setup};
+use crate::routers::{self, RouterUnderTest};
 use crate::scenario::{self as scenarios, Compare, RunLength, Scenario, Size};
 use crate::stats::{self, Outcome, Summary};
 use crate::virtual_fleet::{self, Prepared, VirtualFleet, VirtualOptions};
@@ -150,7 +150,9 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
     if options.mode == Mode::Virtual
         && let Some(peer) = options.routers.iter().find(|r| r.is_peer())
     {
-        bail!("{peer} runs in live mode only (--mode live): virtual mode models infergate's picker");
+        bail!(
+            "{peer} runs in live mode only (--mode live): virtual mode models infergate's picker"
+        );
     }
     if options.mode == Mode::Virtual && !scenario.virtual_time {
         bail!(

@@ -12,17 +12,15 @@ use bench::suite::{self, Mode, SuiteOptions};
 async fn infergate_and_nginx_serve_the_same_requests() {
     let nginx = RouterUnderTest::NginxLeastConn;
     if nginx.locate().is_none() {
-        eprintln!(
-            "skipped: nginx is not installed ({})",
-            nginx.install_hint()
-        );
+        eprintln!("skipped: nginx is not installed ({})", nginx.install_hint());
         return;
     }
     let mut options = SuiteOptions::new(Mode::Live, Size::Quick, 3);
     // A test binary has no `infergate serve` to start; the gateway library
     // is the same code.
     options.gateway = GatewayLauncher::InProcess;
-    options.routers = RouterUnderTest::parse_list("infergate:least-request,nginx:least_conn").unwrap();
+    options.routers =
+        RouterUnderTest::parse_list("infergate:least-request,nginx:least_conn").unwrap();
     options.loads = Some(vec![0.5]);
     options.length = Some(RunLength::Requests(60));
     let report = suite::run_scenario("uniform", &options).await.unwrap();

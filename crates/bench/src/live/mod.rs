@@ -123,29 +123,31 @@ pub async fn run(
             }
             .await
         }
-        peer => async {
-            let program = peer.locate().with_context(|| {
-                format!("{peer} is not installed ({})", peer.install_hint())
-            })?;
-            let mut running = RunningPeer::start(peer, &program, &endpoints)?;
-            let ready = running
-                .wait_ready(&model, endpoints.len(), PEER_READY_TIMEOUT)
-                .await;
-            let measured = match ready {
-                Ok(()) => {
-                    let before = running.cpu_seconds();
-                    let outcomes = drive(running.addr(), requests, options).await;
-                    outcomes.map(|outcomes| LiveRun {
-                        outcomes,
-                        router_cpu_seconds: cpu_between(before, running.cpu_seconds()),
-                    })
-                }
-                Err(e) => Err(e),
-            };
-            running.stop().await;
-            measured
+        peer => {
+            async {
+                let program = peer.locate().with_context(|| {
+                    format!("{peer} is not installed ({})", peer.install_hint())
+                })?;
+                let mut running = RunningPeer::start(peer, &program, &endpoints)?;
+                let ready = running
+                    .wait_ready(&model, endpoints.len(), PEER_READY_TIMEOUT)
+                    .await;
+                let measured = match ready {
+                    Ok(()) => {
+                        let before = running.cpu_seconds();
+                        let outcomes = drive(running.addr(), requests, options).await;
+                        outcomes.map(|outcomes| LiveRun {
+                            outcomes,
+                            router_cpu_seconds: cpu_between(before, running.cpu_seconds()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                running.stop().await;
+                measured
+            }
+            .await
         }
-        .await,
     };
     replicas.shutdown().await;
     result

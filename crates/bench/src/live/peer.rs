@@ -74,8 +74,8 @@ impl RunningPeer {
                 }
             }
         };
-        let process = RouterProcess::spawn(&launch, workdir)
-            .with_context(|| format!("starting {router}"))?;
+        let process =
+            RouterProcess::spawn(&launch, workdir).with_context(|| format!("starting {router}"))?;
         Ok(RunningPeer {
             addr,
             process,

@@ -20,13 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::bail;
 
 use crate::policy::PolicyUnderTest;
-pub use python::PythonRouter;
-
-/// Versions the comparison was written against; `scripts/bench-peers`
-/// installs exactly these (a unit test keeps the two in step).
-pub const SGLANG_ROUTER_VERSION: &str = "0.3.2";
-pub const VLLM_ROUTER_VERSION: &str = "0.1.17";
-pub const SMG_VERSION: &str = "1.13.0";
+pub use python::{PythonRouter, SGLANG_ROUTER_VERSION, SMG_VERSION, VLLM_ROUTER_VERSION};
 
 /// One router of `--routers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +30,10 @@ pub enum RouterUnderTest {
     /// nginx with `least_conn` (least active connections) upstreams.
     NginxLeastConn,
     /// A pip-installed router with one of its `--policy` values.
-    Python { router: PythonRouter, policy: String },
+    Python {
+        router: PythonRouter,
+        policy: String,
+    },
 }
 
 impl RouterUnderTest {
@@ -166,7 +163,10 @@ pub fn installed_version(router: &RouterUnderTest, program: &Path) -> Option<Str
     match router {
         RouterUnderTest::Infergate(_) => None,
         RouterUnderTest::NginxLeastConn => {
-            let out = std::process::Command::new(program).arg("-v").output().ok()?;
+            let out = std::process::Command::new(program)
+                .arg("-v")
+                .output()
+                .ok()?;
             // "nginx version: nginx/1.22.1" on stderr.
             let text = String::from_utf8_lossy(&out.stderr);
             text.split('/').nth(1).map(|v| v.trim().to_owned())
@@ -228,16 +228,28 @@ mod tests {
         let list =
             RouterUnderTest::parse_list("infergate:scored, nginx, nginx:least_conn,smg").unwrap();
         let names: Vec<String> = list.iter().map(ToString::to_string).collect();
-        assert_eq!(names, ["infergate:scored", "nginx:least_conn", "smg:cache_aware"]);
+        assert_eq!(
+            names,
+            ["infergate:scored", "nginx:least_conn", "smg:cache_aware"]
+        );
         assert!(RouterUnderTest::parse_list(" , ").is_err());
     }
 
     #[test]
     fn install_hints_pin_versions() {
         let smg: RouterUnderTest = "smg:cache_aware".parse().unwrap();
-        assert!(smg.install_hint().contains("smg==1.13.0"), "{}", smg.install_hint());
+        assert!(
+            smg.install_hint().contains("smg==1.13.0"),
+            "{}",
+            smg.install_hint()
+        );
         assert!(smg.is_peer());
-        assert!(!"infergate:scored".parse::<RouterUnderTest>().unwrap().is_peer());
+        assert!(
+            !"infergate:scored"
+                .parse::<RouterUnderTest>()
+                .unwrap()
+                .is_peer()
+        );
     }
 
     #[test]

@@ -96,7 +96,10 @@ mod tests {
         assert!(text.contains("proxy_buffering off;"));
         assert!(text.contains("pid /tmp/run/nginx.pid;"));
         // Every path nginx writes is inside the run's directory.
-        for line in text.lines().filter(|l| l.contains("_path") || l.contains("_log ")) {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("_path") || l.contains("_log "))
+        {
             assert!(
                 line.contains("/tmp/run/") || line.contains("access_log off"),
                 "{line}"
@@ -106,7 +109,14 @@ mod tests {
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert_eq!(
             args(dir),
-            ["-p", "/tmp/run", "-c", "/tmp/run/nginx.conf", "-g", "daemon off;"]
+            [
+                "-p",
+                "/tmp/run",
+                "-c",
+                "/tmp/run/nginx.conf",
+                "-g",
+                "daemon off;"
+            ]
         );
     }
 }

@@ -6,7 +6,11 @@
 
 use std::net::SocketAddr;
 
-use super::{SGLANG_ROUTER_VERSION, SMG_VERSION, VLLM_ROUTER_VERSION};
+/// Versions the comparison was written against; `scripts/bench-peers`
+/// installs exactly these (a unit test keeps the two in step).
+pub const SGLANG_ROUTER_VERSION: &str = "0.3.2";
+pub const VLLM_ROUTER_VERSION: &str = "0.1.17";
+pub const SMG_VERSION: &str = "1.13.0";
 
 /// A pip-installed router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
