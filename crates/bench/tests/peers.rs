@@ -23,6 +23,9 @@ async fn infergate_and_nginx_serve_the_same_requests() {
         RouterUnderTest::parse_list("infergate:least-request,nginx:least_conn").unwrap();
     options.loads = Some(vec![0.5]);
     options.length = Some(RunLength::Requests(60));
+    // Real time: a client timeout of 20 s, so a busy machine delays the
+    // run instead of failing it.
+    options.time_scale = Some(1.0);
     let report = suite::run_scenario("uniform", &options).await.unwrap();
 
     let names: Vec<&str> = report.results.iter().map(|r| r.policy.as_str()).collect();

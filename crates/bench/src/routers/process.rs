@@ -123,7 +123,7 @@ pub fn group_cpu_seconds(group: i32) -> Option<f64> {
 fn clock_ticks() -> Option<f64> {
     // SAFETY: sysconf only reads a configuration value.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (ticks > 0).then(|| ticks as f64)
+    (ticks > 0).then_some(ticks as f64)
 }
 
 /// The fields of `/proc/PID/stat` the bench reads.

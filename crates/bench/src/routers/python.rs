@@ -92,28 +92,25 @@ impl PythonRouter {
             PythonRouter::VllmRouter => "warning",
             PythonRouter::SglangRouter | PythonRouter::Smg => "warn",
         };
-        args.extend(
-            [
-                "--host".to_owned(),
-                listen.ip().to_string(),
-                "--port".to_owned(),
-                listen.port().to_string(),
-                "--policy".to_owned(),
-                policy.to_owned(),
-                "--prometheus-host".to_owned(),
-                metrics.ip().to_string(),
-                "--prometheus-port".to_owned(),
-                metrics.port().to_string(),
-                "--log-level".to_owned(),
-                log_level.to_owned(),
-                // The simulated workers answer their health check at once;
-                // the default waits 30 s between start-up checks.
-                "--worker-startup-check-interval".to_owned(),
-                "1".to_owned(),
-                "--worker-urls".to_owned(),
-            ]
-            .into_iter(),
-        );
+        args.extend([
+            "--host".to_owned(),
+            listen.ip().to_string(),
+            "--port".to_owned(),
+            listen.port().to_string(),
+            "--policy".to_owned(),
+            policy.to_owned(),
+            "--prometheus-host".to_owned(),
+            metrics.ip().to_string(),
+            "--prometheus-port".to_owned(),
+            metrics.port().to_string(),
+            "--log-level".to_owned(),
+            log_level.to_owned(),
+            // The simulated workers answer their health check at once;
+            // the default waits 30 s between start-up checks.
+            "--worker-startup-check-interval".to_owned(),
+            "1".to_owned(),
+            "--worker-urls".to_owned(),
+        ]);
         args.extend(workers.iter().map(|w| format!("http://{w}")));
         args
     }
