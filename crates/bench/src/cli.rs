@@ -9,6 +9,7 @@ use crate::agreement;
 use crate::live::GatewayLauncher;
 use crate::policy;
 use crate::report;
+use crate::routers::RouterUnderTest;
 use crate::scenario::{RunLength, Size};
 use crate::suite::{self, Mode, SuiteOptions};
 
@@ -22,8 +23,9 @@ pub struct BenchArgs {
     /// Scenario: mixed-fleet, bursty, shared-prefix, lora, uniform,
     /// fleet-scale (virtual mode only), flow-control (live mode only:
     /// bursts of critical, standard and sheddable requests, flow control on
-    /// vs off, per band), or all (every one but fleet-scale that the mode
-    /// can run).
+    /// vs off, per band), prefix-pressure, heterogeneous, multi-turn,
+    /// bursty-uneven; all (the first six that the mode can run) or peers
+    /// (the last four, written for comparing routers).
     #[arg(long)]
     pub scenario: String,
     /// live: the real gateway over HTTP in front of simulated replicas;
@@ -52,6 +54,15 @@ pub struct BenchArgs {
     /// Round-robin is always included as the baseline.
     #[arg(long, default_value = "round-robin,least-request,scored")]
     pub policies: String,
+    /// Live mode: compare routers instead of policies, each started by the
+    /// bench in front of a fresh copy of the fleet with the same requests:
+    /// infergate:POLICY, nginx:least_conn, sglang-router:POLICY,
+    /// vllm-router:POLICY, smg:POLICY (e.g.
+    /// infergate:scored,nginx:least_conn,sglang-router:cache_aware). A
+    /// peer that is not installed is skipped with the command that
+    /// installs it. Peers are found on PATH (nginx also in /usr/sbin).
+    #[arg(long, conflicts_with = "policies", value_name = "LIST")]
+    pub routers: Option<String>,
     /// Offered loads as fractions of the estimated capacity, e.g. 0.5,0.8.
     #[arg(long, value_delimiter = ',')]
     pub loads: Option<Vec<f64>>,
@@ -98,6 +109,12 @@ impl BenchArgs {
         };
         let mut options = SuiteOptions::new(mode, size, self.seed);
         options.policies = policy::parse_list(&self.policies)?;
+        if let Some(list) = &self.routers {
+            if self.mode != ModeArg::Live {
+                bail!("--routers compares routers live (--mode live)");
+            }
+            options.routers = installed_routers(RouterUnderTest::parse_list(list)?)?;
+        }
         options.loads = self.loads.clone();
         options.length = match (self.duration, self.requests) {
             (Some(seconds), _) => Some(RunLength::Seconds(seconds)),
@@ -137,6 +154,26 @@ impl BenchArgs {
         };
         Ok(options)
     }
+}
+
+/// The routers of `routers` that can run here; a line on stderr for each
+/// peer that is not installed, saying how to install it.
+fn installed_routers(routers: Vec<RouterUnderTest>) -> anyhow::Result<Vec<RouterUnderTest>> {
+    let mut installed = Vec::with_capacity(routers.len());
+    for router in routers {
+        if router.is_peer() && router.locate().is_none() {
+            eprintln!(
+                "skipping {router}: not installed ({})",
+                router.install_hint()
+            );
+        } else {
+            installed.push(router);
+        }
+    }
+    if installed.is_empty() {
+        bail!("none of the routers of --routers is installed");
+    }
+    Ok(installed)
 }
 
 /// `--mode`: one of the suite's modes, or both of them compared.

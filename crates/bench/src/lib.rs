@@ -10,6 +10,8 @@
 //! - [`flow`]: the gateway's admission queue in a run, on or off.
 //! - [`virtual_fleet`]: the fleet in virtual time (engine model + picker).
 //! - [`live`]: the real gateway over HTTP with a load generator.
+//! - [`routers`]: infergate and the peer routers `--routers` compares.
+//! - [`comparison`]: which router is best in a scenario, by how much.
 //! - [`stats`]: per-request outcomes and their summary.
 //! - [`report`]: JSON, markdown and SVG output.
 //! - [`suite`]: one scenario, every policy, every load.
@@ -19,10 +21,12 @@
 pub mod agreement;
 pub mod capacity;
 pub mod cli;
+pub mod comparison;
 pub mod flow;
 pub mod live;
 pub mod policy;
 pub mod report;
+pub mod routers;
 pub mod scenario;
 pub mod stats;
 pub mod suite;

@@ -70,6 +70,9 @@ pub struct Setup {
     pub scheduling: Option<String>,
     /// More setup lines, one bullet each.
     pub notes: Vec<String>,
+    /// The runs compare routers (`--routers`): add the side-by-side
+    /// comparison of [`crate::comparison`].
+    pub routers: bool,
 }
 
 /// What one run's summary does not say: how many samples each
@@ -411,6 +414,10 @@ impl ScenarioReport {
             );
         }
         self.errors_note(&mut out);
+        if self.setup.routers {
+            out.push('\n');
+            out.push_str(&crate::comparison::markdown(&self.results));
+        }
         out
     }
 
@@ -1117,6 +1124,7 @@ pub(crate) mod tests {
             errors: 0,
             rejected_429: 0,
             prefix_hit_rate: 0.25,
+            router_cpu_s: None,
             flow_control: None,
             bands: Vec::new(),
         }

@@ -7,6 +7,12 @@
 //! `flow-control` sends bursts of three priority bands and compares the
 //! gateway's admission queue on and off, live only; `agent` runs agent
 //! loops (growing per-session context) with session affinity off and on.
+//! Four more separate
+//! good routers from adequate ones when compared with the peer routers
+//! (`--scenario peers`): `prefix-pressure` (shared prompts that do not fit
+//! one replica's cache), `heterogeneous` (fast and slow replicas at 75 %),
+//! `multi-turn` (conversations whose context grows) and `bursty-uneven`
+//! (bursts of long prompts mixed with short ones).
 
 use std::fmt::Write as _;
 
@@ -184,9 +190,18 @@ pub const ALL: [&str; 6] = [
     "uniform",
     "flow-control",
 ];
-/// Every scenario name, `all` excluded. `agent` is run by name: it
-/// compares session affinity on and off rather than the policies.
-pub const NAMES: [&str; 8] = [
+/// The scenarios `--scenario peers` runs: those written to tell the peer
+/// routers apart, one load each (not part of `all`, whose length the
+/// benchmark docs quote).
+pub const PEERS: [&str; 4] = [
+    "prefix-pressure",
+    "heterogeneous",
+    "multi-turn",
+    "bursty-uneven",
+];
+/// Every scenario name, `all` and `peers` excluded. `agent` is run by
+/// name: it compares session affinity on and off rather than the policies.
+pub const NAMES: [&str; 12] = [
     "mixed-fleet",
     "bursty",
     "shared-prefix",
@@ -195,6 +210,10 @@ pub const NAMES: [&str; 8] = [
     "fleet-scale",
     "flow-control",
     "agent",
+    "prefix-pressure",
+    "heterogeneous",
+    "multi-turn",
+    "bursty-uneven",
 ];
 
 const LOADS: [f64; 4] = [0.5, 0.8, 1.0, 1.2];
@@ -286,6 +305,75 @@ fn light_chat() -> Mix {
             sigma: 0.6,
             min: 8,
             max: 1000,
+        },
+    }
+}
+
+/// `prefix-pressure`: 128 system prompts of 1,500-3,030 tokens (about
+/// 290k tokens in all), each request one of them and a short question.
+/// One replica's KV cache (about 140k tokens on the simulator's A100 40GB
+/// profile) holds under half of them; the fleet's holds them all if the
+/// router partitions them.
+fn pressured_prompts() -> Mix {
+    Mix::SharedPrefix {
+        documents: 128,
+        document_tokens: Range {
+            min: 1500,
+            max: 3030,
+        },
+        question_tokens: Range { min: 50, max: 300 },
+        turns: Range { min: 1, max: 1 },
+        think_seconds: 0.0,
+        output: LengthDist {
+            median: 120.0,
+            sigma: 0.6,
+            min: 8,
+            max: 800,
+        },
+    }
+}
+
+/// `multi-turn`: conversations of 3-10 turns, each with a system prompt
+/// of its own (4,096 distinct ones, so sessions rarely share one), each
+/// turn resending the whole conversation: the context grows by the
+/// question and the answer every turn, and only the replica that served
+/// the previous turn holds it.
+fn conversations() -> Mix {
+    Mix::SharedPrefix {
+        documents: 4096,
+        document_tokens: Range {
+            min: 300,
+            max: 1500,
+        },
+        question_tokens: Range { min: 50, max: 400 },
+        turns: Range { min: 3, max: 10 },
+        think_seconds: 5.0,
+        output: LengthDist {
+            median: 200.0,
+            sigma: 0.6,
+            min: 8,
+            max: 1000,
+        },
+    }
+}
+
+/// `bursty-uneven`: prompts log-normal around 700 tokens with a wide
+/// spread (one in six above 3,000 tokens, one in twenty above 8,000), so
+/// a burst mixes a few long prefills with many short requests.
+fn uneven_chat() -> Mix {
+    Mix::Chat {
+        system_tokens: 0,
+        prompt: LengthDist {
+            median: 700.0,
+            sigma: 1.3,
+            min: 32,
+            max: 16_000,
+        },
+        output: LengthDist {
+            median: 150.0,
+            sigma: 1.0,
+            min: 8,
+            max: 2000,
         },
     }
 }
@@ -448,6 +536,54 @@ impl Scenario {
                 virtual_time: true,
                 compare: Compare::Policies,
             },
+            "prefix-pressure" => Scenario {
+                name: "prefix-pressure",
+                about: "128 shared system prompts (about 290k tokens) over 4 identical replicas whose prefix caches hold about 140k tokens each, at moderate load: cache affinity and load balance pull against each other.",
+                fleet: fleet(4, &["a100-40gb"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, pressured_prompts()),
+                loads: vec![0.6],
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
+            },
+            "heterogeneous" => Scenario {
+                name: "heterogeneous",
+                about: "Fast and about 4-5x slower replicas of one model (H100 and A10G) at 75 % of the fleet's capacity, unique prompts: where least-connections is already strong.",
+                fleet: fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, chat()),
+                loads: vec![0.75],
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
+            },
+            "multi-turn" => Scenario {
+                name: "multi-turn",
+                about: "Conversations of 3-10 turns, each with its own system prompt, resending a context that grows every turn, over 4 identical replicas at 70 % load.",
+                fleet: fleet(4, &["a100-40gb"], "llama-3.1-8b"),
+                workload: workload(Traffic::Poisson, conversations()),
+                loads: vec![0.7],
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
+            },
+            "bursty-uneven" => Scenario {
+                name: "bursty-uneven",
+                about: "The bursty scenario's bursts with uneven requests: long prompts (up to 16k tokens) mixed with short ones, so a metric-blind router piles new requests onto replicas still busy with long prefills.",
+                fleet: tp4_70b(4),
+                workload: workload(bursts(), uneven_chat()),
+                loads: vec![0.7],
+                length: RunLength::Requests(REQUESTS),
+                live_length: RunLength::Requests(LIVE_REQUESTS),
+                live: true,
+                virtual_time: true,
+                compare: Compare::Policies,
+            },
             "fleet-scale" => Scenario {
                 name: "fleet-scale",
                 about: "A thousand H100 replicas and a million light chat requests, in virtual time.",
@@ -496,8 +632,11 @@ fn workload(traffic: Traffic, mix: Mix) -> WorkloadSpec {
 }
 
 /// Scenario names from `--scenario`: `all` (those of [`ALL`] that can run
-/// `live` or in virtual time) or one name.
+/// `live` or in virtual time), `peers` ([`PEERS`]) or one name.
 pub fn expand(name: &str, live: bool) -> anyhow::Result<Vec<&'static str>> {
+    if name == "peers" {
+        return Ok(PEERS.to_vec());
+    }
     if name == "all" {
         return ALL
             .into_iter()
@@ -514,7 +653,7 @@ pub fn expand(name: &str, live: bool) -> anyhow::Result<Vec<&'static str>> {
         .map(|n| vec![n])
         .with_context(|| {
             format!(
-                "unknown scenario {name:?} (expected all, {})",
+                "unknown scenario {name:?} (expected all, peers, {})",
                 NAMES.join(", ")
             )
         })
@@ -553,9 +692,54 @@ mod tests {
             expand("all", false).unwrap(),
             ["mixed-fleet", "bursty", "shared-prefix", "lora", "uniform"]
         );
+        assert_eq!(expand("peers", true).unwrap(), PEERS);
         assert_eq!(expand("lora", true).unwrap(), ["lora"]);
         assert_eq!(expand("fleet-scale", false).unwrap(), ["fleet-scale"]);
         assert!(expand("everything", true).is_err());
+    }
+
+    #[test]
+    fn prefix_pressure_prompts_outgrow_one_replica_but_fit_the_fleet() {
+        let s = Scenario::named("prefix-pressure", Size::Full).unwrap();
+        let Mix::SharedPrefix {
+            documents,
+            document_tokens,
+            ..
+        } = s.workload.mix
+        else {
+            panic!("shared prompts")
+        };
+        let mean = f64::from(document_tokens.min + document_tokens.max) / 2.0;
+        let total = f64::from(documents) * mean;
+        assert!((280_000.0..300_000.0).contains(&total), "{total}");
+        let configs = s.fleet.engine_configs().unwrap();
+        assert!(
+            configs
+                .iter()
+                .all(|c| c.hardware.name == configs[0].hardware.name
+                    && c.kv_capacity_tokens() == configs[0].kv_capacity_tokens()),
+            "identical replicas"
+        );
+        let per_replica = f64::from(configs[0].kv_capacity_tokens());
+        assert!(per_replica < total / 2.0, "{per_replica} of {total}");
+        assert!(per_replica * configs.len() as f64 > total);
+    }
+
+    #[test]
+    fn uneven_bursts_mix_long_and_short_prompts() {
+        use rand::SeedableRng;
+        let s = Scenario::named("bursty-uneven", Size::Full).unwrap();
+        let Mix::Chat { prompt, .. } = s.workload.mix else {
+            panic!("chat")
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        let lengths: Vec<u32> = (0..10_000).map(|_| prompt.sample(&mut rng)).collect();
+        let share = |f: &dyn Fn(u32) -> bool| {
+            lengths.iter().filter(|l| f(**l)).count() as f64 / lengths.len() as f64
+        };
+        assert!(share(&|l| l > 3000) > 0.1, "long prompts");
+        assert!(share(&|l| l < 300) > 0.2, "short prompts");
+        assert_eq!(s.workload.traffic, bursts());
     }
 
     #[test]

@@ -188,6 +188,10 @@ pub struct Summary {
     pub errors: u64,
     pub rejected_429: u64,
     pub prefix_hit_rate: f64,
+    /// CPU seconds the router (gateway or peer) used during the run, when
+    /// it ran as a process of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub router_cpu_s: Option<f64>,
     /// Whether the gateway's admission queue was on, in scenarios that
     /// compare the two.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -364,6 +368,7 @@ pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) ->
         } else {
             0.0
         },
+        router_cpu_s: None,
         flow_control: None,
         bands: band_summaries(outcomes),
     }

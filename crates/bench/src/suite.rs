@@ -14,6 +14,7 @@ use crate::flow::FlowMode;
 use crate::live::{self, GatewayLauncher, LiveOptions};
 use crate::policy::{self, PolicyUnderTest, PoolDocument};
 use crate::report::{FleetReport, ReplicaCapacityReport, RunDetail, ScenarioReport, Setup};
+use crate::routers::{self, RouterUnderTest};
 use crate::scenario::{self as scenarios, Compare, RunLength, Scenario, Size};
 use crate::stats::{self, Outcome, Summary};
 use crate::virtual_fleet::{self, Prepared, VirtualFleet, VirtualOptions};
@@ -42,6 +43,9 @@ pub struct SuiteOptions {
     pub size: Size,
     pub seed: u64,
     pub policies: Vec<PolicyUnderTest>,
+    /// Routers to compare instead of `policies` (live mode): infergate
+    /// policies and peer routers, each named as on the command line.
+    pub routers: Vec<RouterUnderTest>,
     /// Replace the scenario's load levels.
     pub loads: Option<Vec<f64>>,
     /// Replace the scenario's run length.
@@ -74,6 +78,7 @@ impl SuiteOptions {
             size,
             seed,
             policies: PolicyUnderTest::defaults(),
+            routers: Vec::new(),
             loads: None,
             length: None,
             replicas: None,
@@ -142,6 +147,13 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
             scenario.name
         );
     }
+    if options.mode == Mode::Virtual
+        && let Some(peer) = options.routers.iter().find(|r| r.is_peer())
+    {
+        bail!(
+            "{peer} runs in live mode only (--mode live): virtual mode models infergate's picker"
+        );
+    }
     if options.mode == Mode::Virtual && !scenario.virtual_time {
         bail!(
             "{} runs in live mode only (--mode live): virtual mode models one priority band's queue",
@@ -166,31 +178,78 @@ pub fn names(scenario: &str, mode: Mode) -> anyhow::Result<Vec<&'static str>> {
     scenarios::expand(scenario, mode == Mode::Live)
 }
 
-/// The runs of each load of `scenario`, in order: one per policy, or each
-/// scored policy with flow control on, then off.
-pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<PolicyUnderTest> {
-    match scenario.compare {
-        Compare::Policies => options.policies.clone(),
-        // Each policy, then each that scores with session affinity added.
-        Compare::Sessions => options
+/// The runs of each load of `scenario`, in order: one per policy (or
+/// router, with `--routers`); each scored policy with session affinity
+/// added; or each scored policy with flow control on, then off.
+pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<RouterUnderTest> {
+    let routers: Vec<RouterUnderTest> = if options.routers.is_empty() {
+        options
             .policies
             .iter()
             .cloned()
-            .chain(
-                options
-                    .policies
-                    .iter()
-                    .filter(|p| p.uses_signals() && !p.sessions())
-                    .map(|p| p.clone().with_sessions()),
-            )
-            .collect(),
-        Compare::FlowControl => options
-            .policies
-            .iter()
-            .filter(|p| p.uses_signals())
+            .map(RouterUnderTest::Infergate)
+            .collect()
+    } else {
+        options.routers.clone()
+    };
+    match scenario.compare {
+        Compare::Policies => routers,
+        // Each router, then each infergate policy that scores with session
+        // affinity added.
+        Compare::Sessions => {
+            let with_sessions: Vec<RouterUnderTest> = routers
+                .iter()
+                .filter_map(|r| match r {
+                    RouterUnderTest::Infergate(p) if p.uses_signals() && !p.sessions() => {
+                        Some(RouterUnderTest::Infergate(p.clone().with_sessions()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            routers.into_iter().chain(with_sessions).collect()
+        }
+        Compare::FlowControl => routers
+            .into_iter()
+            .filter_map(|r| match r {
+                RouterUnderTest::Infergate(p) if p.uses_signals() => Some(p),
+                _ => None,
+            })
             .flat_map(|p| [FlowMode::On, FlowMode::Off].map(|flow| p.clone().with_flow(flow)))
+            .map(RouterUnderTest::Infergate)
             .collect(),
     }
+}
+
+/// The name of a run's row: the policy alone when only infergate's
+/// policies are compared (`--policies`), the router's full name with
+/// `--routers`.
+fn label(router: &RouterUnderTest, options: &SuiteOptions) -> String {
+    match router {
+        RouterUnderTest::Infergate(policy) if options.routers.is_empty() => policy.to_string(),
+        router => router.to_string(),
+    }
+}
+
+/// "Routers: nginx 1.22.1, sglang-router 0.3.2." — the installed versions
+/// of the peers compared, for the report.
+fn router_versions(options: &SuiteOptions) -> Option<String> {
+    let versions: Vec<String> = options
+        .routers
+        .iter()
+        .filter(|r| r.is_peer())
+        .filter_map(|r| {
+            let program = r.locate()?;
+            let version = routers::installed_version(r, &program)
+                .unwrap_or_else(|| "(version unknown)".to_owned());
+            Some(format!("{r} {version}"))
+        })
+        .collect();
+    (!versions.is_empty()).then(|| {
+        format!(
+            "Peer routers (each started by the bench for its run, at its defaults, on loopback): {}. Router CPU is the router's processes' user + system time while the requests ran (from /proc).",
+            versions.join(", ")
+        )
+    })
 }
 
 /// Run one scenario: every policy at every load. Progress goes to stderr.
@@ -235,8 +294,10 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         client_timeout: options.client_timeout,
         scheduling: options.scheduling.as_ref().map(ToString::to_string),
         notes: notes(&scenario),
+        routers: !options.routers.is_empty(),
         ..Setup::default()
     };
+    setup.notes.extend(router_versions(options));
     let runs = runs(&scenario, options);
     for &load in &scenario.loads {
         let rate = load * capacity.requests_per_s;
@@ -258,8 +319,9 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             }
             Mode::Virtual => None,
         };
-        for policy in &runs {
+        for router in &runs {
             let started = Instant::now();
+            let mut router_cpu_s = None;
             let outcomes = match &live {
                 Some((planned, time_scale)) => {
                     let live_options = LiveOptions {
@@ -270,9 +332,15 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                         seed: options.seed,
                         scheduling: options.scheduling.clone(),
                     };
-                    live::run(&scenario.fleet, policy, planned.clone(), &live_options).await?
+                    let run =
+                        live::run(&scenario.fleet, router, planned.clone(), &live_options).await?;
+                    router_cpu_s = run.router_cpu_seconds;
+                    run.outcomes
                 }
                 None => {
+                    let RouterUnderTest::Infergate(policy) = router else {
+                        bail!("{router} runs in live mode only");
+                    };
                     let fleet = VirtualFleet {
                         engines: engines.clone(),
                         adapters: scenario.fleet.adapters.clone(),
@@ -300,9 +368,16 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             };
             let wall = started.elapsed().as_secs_f64();
             requests.get_or_insert(outcomes.len());
-            let mut summary =
-                stats::summarize(&policy.to_string(), load, &outcomes, options.client_timeout);
-            if scenario.compare == Compare::FlowControl {
+            let mut summary = stats::summarize(
+                &label(router, options),
+                load,
+                &outcomes,
+                options.client_timeout,
+            );
+            summary.router_cpu_s = router_cpu_s;
+            if scenario.compare == Compare::FlowControl
+                && let RouterUnderTest::Infergate(policy) = router
+            {
                 summary.flow_control = Some(policy.flow());
             }
             let detail = RunDetail::of(&outcomes);

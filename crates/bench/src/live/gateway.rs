@@ -78,6 +78,9 @@ impl GatewayLauncher {
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(log)
+                    // Its own group, so its CPU time can be read apart
+                    // from the bench's (`cpu_seconds`).
+                    .process_group(0)
                     .kill_on_drop(true)
                     .spawn()
                     .with_context(|| format!("running {}", binary.display()))?;
@@ -102,6 +105,17 @@ impl GatewayLauncher {
 impl RunningGateway {
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// CPU seconds the gateway process has used so far; `None` for a
+    /// gateway in this process.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        match &self.kind {
+            Running::Child { child, .. } => {
+                crate::routers::process::group_cpu_seconds(i32::try_from(child.id()?).ok()?)
+            }
+            Running::InProcess(_) => None,
+        }
     }
 
     /// Wait until the gateway reports every one of `replicas` healthy (so

@@ -11,6 +11,7 @@
 
 mod client;
 mod gateway;
+mod peer;
 
 use std::time::Duration;
 
@@ -21,8 +22,10 @@ use tracing::subscriber::NoSubscriber;
 
 pub use client::{LoadGenerator, Planned};
 pub use gateway::{GatewayLauncher, RunningGateway};
+pub use peer::RunningPeer;
 
-use crate::policy::{self, PolicyUnderTest, PoolDocument};
+use crate::policy::{self, PoolDocument};
+use crate::routers::RouterUnderTest;
 use crate::scenario::FleetPlan;
 use crate::stats::Outcome;
 use crate::workload::{RequestPlan, Workload};
@@ -56,13 +59,25 @@ pub fn planned(workload: &Workload, plans: &[RequestPlan]) -> Vec<Planned> {
         .collect()
 }
 
-/// One policy over one set of requests on a fresh fleet and gateway.
+/// What one live run measured.
+#[derive(Debug, Clone)]
+pub struct LiveRun {
+    /// One per planned request, in plan order.
+    pub outcomes: Vec<Outcome>,
+    /// CPU seconds the router used while the requests ran (from its
+    /// arrival of the first request to the end of the last); `None` for a
+    /// gateway in this process, whose CPU cannot be told from the bench's.
+    pub router_cpu_seconds: Option<f64>,
+}
+
+/// One router over one set of requests on a fresh fleet: infergate with
+/// its policy and a fresh gateway, or a peer router started for the run.
 pub async fn run(
     fleet: &FleetPlan,
-    policy: &PolicyUnderTest,
+    router: &RouterUnderTest,
     requests: Vec<Planned>,
     options: &LiveOptions,
-) -> anyhow::Result<Vec<Outcome>> {
+) -> anyhow::Result<LiveRun> {
     // A fleet per run would print a start-up line per replica each time.
     let replicas = sim::start_fleet(fleet.sim_spec(options.time_scale, options.seed))
         .with_subscriber(NoSubscriber::default())
@@ -70,38 +85,89 @@ pub async fn run(
         .context("starting the simulated replicas")?;
     let endpoints: Vec<String> = replicas.addrs().iter().map(ToString::to_string).collect();
     let model = fleet.served_model()?;
-    let pool = PoolDocument {
-        model: &model,
-        adapters: &fleet.adapters,
-        endpoints: &endpoints,
-        time_scale: options.time_scale,
-        scored_overrides: options.scheduling.as_ref(),
-        priorities: requests.iter().any(|r| r.band.is_some()),
-    };
-    let result = async {
-        let listen = gateway::free_local_addr()?;
-        let admin = gateway::free_local_addr()?;
-        let (text, config) = policy::gateway_config(policy, &pool, &listen, &admin)?;
-        let mut gateway = options
-            .gateway
-            .start(&text, &config, policy)
-            .await
-            .with_context(|| format!("starting the gateway for {policy}"))?;
-        let ready = gateway
-            .wait_ready(endpoints.len(), options.ready_timeout)
-            .await;
-        let outcomes = match ready {
-            Ok(()) => {
-                let url = format!("http://{}/v1/chat/completions", gateway.addr());
-                let load = LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
-                Ok(load.run(requests).await)
+    let result = match router {
+        RouterUnderTest::Infergate(policy) => {
+            let pool = PoolDocument {
+                model: &model,
+                adapters: &fleet.adapters,
+                endpoints: &endpoints,
+                time_scale: options.time_scale,
+                scored_overrides: options.scheduling.as_ref(),
+                priorities: requests.iter().any(|r| r.band.is_some()),
+            };
+            async {
+                let listen = gateway::free_local_addr()?;
+                let admin = gateway::free_local_addr()?;
+                let (text, config) = policy::gateway_config(policy, &pool, &listen, &admin)?;
+                let mut gateway = options
+                    .gateway
+                    .start(&text, &config, policy)
+                    .await
+                    .with_context(|| format!("starting the gateway for {policy}"))?;
+                let ready = gateway
+                    .wait_ready(endpoints.len(), options.ready_timeout)
+                    .await;
+                let measured = match ready {
+                    Ok(()) => {
+                        let before = gateway.cpu_seconds();
+                        let outcomes = drive(gateway.addr(), requests, options).await;
+                        outcomes.map(|outcomes| LiveRun {
+                            outcomes,
+                            router_cpu_seconds: cpu_between(before, gateway.cpu_seconds()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                gateway.stop().await;
+                measured
             }
-            Err(e) => Err(e),
-        };
-        gateway.stop().await;
-        outcomes
-    }
-    .await;
+            .await
+        }
+        peer => {
+            async {
+                let program = peer.locate().with_context(|| {
+                    format!("{peer} is not installed ({})", peer.install_hint())
+                })?;
+                let mut running = RunningPeer::start(peer, &program, &endpoints)?;
+                let ready = running
+                    .wait_ready(&model, endpoints.len(), PEER_READY_TIMEOUT)
+                    .await;
+                let measured = match ready {
+                    Ok(()) => {
+                        let before = running.cpu_seconds();
+                        let outcomes = drive(running.addr(), requests, options).await;
+                        outcomes.map(|outcomes| LiveRun {
+                            outcomes,
+                            router_cpu_seconds: cpu_between(before, running.cpu_seconds()),
+                        })
+                    }
+                    Err(e) => Err(e),
+                };
+                running.stop().await;
+                measured
+            }
+            .await
+        }
+    };
     replicas.shutdown().await;
     result
+}
+
+/// How long a peer router may take to start and find its workers: the
+/// Python routers import their package first, slowly on a busy machine.
+const PEER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Send the planned requests to the router at `addr`.
+async fn drive(
+    addr: std::net::SocketAddr,
+    requests: Vec<Planned>,
+    options: &LiveOptions,
+) -> anyhow::Result<Vec<Outcome>> {
+    let url = format!("http://{addr}/v1/chat/completions");
+    let load = LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
+    Ok(load.run(requests).await)
+}
+
+fn cpu_between(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    Some((after? - before?).max(0.0))
 }

@@ -508,7 +508,9 @@ fn explain_lists_every_candidate_best_first() {
     assert!(top.winner > top.runner_up.unwrap());
     let header = decision.scores_header(8).to_string();
     assert!(
-        header.starts_with("10.0.0.1:8000=0.99(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00,sp=1.00,ss=1.00);"),
+        header.starts_with(
+            "10.0.0.1:8000=0.99(q=1.00,kv=0.90,if=1.00,px=1.00,lora=1.00,sp=1.00,ss=1.00);"
+        ),
         "{header}"
     );
     assert_eq!(header.matches(';').count(), 2);
