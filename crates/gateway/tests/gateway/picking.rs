@@ -806,10 +806,11 @@ async fn scores_header_lists_every_candidate_with_its_parts() {
         ("if", w.inflight),
         ("px", w.prefix),
         ("lora", w.lora),
+        ("sp", w.speed),
     ];
     for s in &scores {
         let labels: Vec<&str> = s.parts.iter().map(|(l, _)| l.as_str()).collect();
-        assert_eq!(labels, ["q", "kv", "if", "px", "lora", "ss"], "{s:?}");
+        assert_eq!(labels, ["q", "kv", "if", "px", "lora", "sp", "ss"], "{s:?}");
         assert!(
             s.parts.iter().all(|(_, v)| (0.0..=1.0).contains(v)),
             "{s:?}"

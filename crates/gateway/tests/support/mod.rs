@@ -268,6 +268,17 @@ impl Ctx {
         if req.uri().path() == "/metrics" {
             return self.metrics().await;
         }
+        // The gateway reads a vLLM replica's model list for its context
+        // length; like `/metrics`, that is not traffic a test sent.
+        if req.method() == http::Method::GET && req.uri().path() == "/v1/models" {
+            let mut r = full(
+                StatusCode::OK,
+                r#"{"object": "list", "data": [{"id": "m", "object": "model"}]}"#.to_owned(),
+            );
+            r.headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            return r;
+        }
         let (parts, body) = req.into_parts();
         let body = body.collect().await.unwrap().to_bytes();
         self.received.lock().push(Received {

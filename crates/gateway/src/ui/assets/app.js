@@ -13,13 +13,14 @@
 const POLL_MS = 1000;
 const HISTORY = 90; // sparkline points, one per poll
 const FEED_KEPT = 200; // decisions listed at most
-const SCORERS = ["queue", "kv-cache", "inflight", "prefix", "lora", "session"];
+const SCORERS = ["queue", "kv-cache", "inflight", "prefix", "lora", "speed", "session"];
 const SCORER_LABEL = {
   queue: "queue",
   "kv-cache": "KV",
   inflight: "in-flight",
   prefix: "prefix",
   lora: "LoRA",
+  speed: "speed",
   session: "session",
 };
 const BANDS = ["critical", "standard", "sheddable"];
