@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 // Defined by the crates that act on them, with the same YAML names.
@@ -26,6 +27,10 @@ pub struct InferenceGatewayConfig {
     #[serde(default)]
     pub metadata: Metadata,
     pub spec: Spec,
+    /// What a gateway wrote back about the object, in a document read from
+    /// a cluster: accepted and ignored, like the server-set metadata.
+    #[serde(default, skip_serializing)]
+    pub status: ServerSet,
 }
 
 /// Kubernetes object metadata, so the document can be applied as a custom
@@ -76,7 +81,7 @@ impl<'de> Deserialize<'de> for ServerSet {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Spec {
     pub listeners: Vec<Listener>,
@@ -93,6 +98,7 @@ pub struct Spec {
     /// Priority band of each model's requests (model or adapter name →
     /// band); models not listed are `standard`.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::priority_map")]
     pub objectives: BTreeMap<String, Priority>,
     #[serde(default)]
     pub flow_control: FlowControl,
@@ -115,7 +121,7 @@ pub struct Spec {
 
 /// When the gateway calls itself ready (`/readyz`, a Kubernetes readiness
 /// probe): a pool is ready when a request to it could be sent now.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ReadyWhen {
     /// Some pool is ready: the gateway can serve some models.
@@ -127,7 +133,7 @@ pub enum ReadyWhen {
 }
 
 /// Queueing in the gateway when a pool is saturated.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FlowControl {
     /// Let the `x-infergate-priority` header raise a request above its
@@ -153,13 +159,14 @@ impl FlowControl {
 }
 
 /// Bounds of one band's queue, per pool.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BandLimits {
     pub max_queued: Option<usize>,
     pub max_queued_bytes: Option<u64>,
     /// `0s`: never wait, refuse at once when saturated.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub max_wait: Option<Duration>,
 }
 
@@ -180,7 +187,7 @@ impl BandLimits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Listener {
     pub name: String,
@@ -191,7 +198,7 @@ pub struct Listener {
     pub tls: Option<ListenerTls>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Admin {
     pub address: String,
@@ -199,7 +206,7 @@ pub struct Admin {
     pub tls: Option<ListenerTls>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: Option<u64>,
@@ -211,6 +218,7 @@ pub struct Limits {
     pub max_connections_per_client: Option<u32>,
     /// How long a new connection has to deliver its first request head.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub header_timeout: Option<Duration>,
 }
 
@@ -234,7 +242,7 @@ impl Limits {
 }
 
 /// What the public listeners pass on to replicas, and whom they believe.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Forwarding {
     /// `POST` paths forwarded besides the inference endpoints (for example
@@ -289,7 +297,7 @@ pub fn check_forward_path(path: &str) -> Result<(), String> {
 /// Whether a caller's `traceparent` may force sampling. A caller's trace
 /// id is always joined; this decides only whether its sampled flag is
 /// obeyed or the gateway's own `sampleRatio` decides.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ClientSampling {
     /// Any caller's flag is obeyed.
@@ -304,14 +312,17 @@ pub enum ClientSampling {
 /// Upstream timeouts. The defaults never cut a long generation that is
 /// still producing: `firstByte` covers a non-streaming answer that only
 /// arrives when generation ends, `idle` only fires when a stream goes quiet.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Timeouts {
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub connect: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub first_byte: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub idle: Option<Duration>,
 }
 
@@ -327,11 +338,12 @@ impl Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Shutdown {
     /// How long in-flight requests may run after SIGTERM/SIGINT.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub drain_timeout: Option<Duration>,
 }
 
@@ -341,7 +353,7 @@ impl Shutdown {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Debug {
     /// Add `x-infergate-pool`, `x-infergate-endpoint`, `x-infergate-scores`
@@ -352,7 +364,7 @@ pub struct Debug {
 
 /// Access log and trace export. Metrics need no settings: they are served
 /// on the admin listener.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Telemetry {
     #[serde(default)]
@@ -362,7 +374,7 @@ pub struct Telemetry {
     pub otlp: Option<Otlp>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AccessLog {
     /// `text` or `json`; when absent, the format of the process's other
@@ -373,7 +385,7 @@ pub struct AccessLog {
 
 /// The format of the access log here, and of the process's logs on the
 /// command line (`--log-format`).
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// One readable line per event.
@@ -407,7 +419,7 @@ impl std::str::FromStr for LogFormat {
 }
 
 /// An OpenTelemetry collector reached over OTLP/HTTP with protobuf bodies.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Otlp {
     /// `http://host:port` of the collector; spans go to `/v1/traces` under
@@ -421,6 +433,7 @@ pub struct Otlp {
     pub sample_ratio: Option<f64>,
     /// Longest time one export may take.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub timeout: Option<Duration>,
 }
 
@@ -448,7 +461,7 @@ impl Otlp {
 }
 
 /// HTTP version spoken to a pool's replicas.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     #[default]
@@ -457,12 +470,13 @@ pub enum Protocol {
     H2c,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pool {
     pub name: String,
     /// The metrics dialect the pool's replicas speak.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::dialect")]
     pub engine: Dialect,
     /// Model names clients may put in `model`; the first is the base model.
     pub models: Vec<String>,
@@ -507,7 +521,7 @@ impl Pool {
 pub use signals::{Scheme, endpoint_scheme};
 
 /// Replicas the gateway starts in-process from the simulator.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Simulated {
     pub replicas: usize,
@@ -526,7 +540,7 @@ pub struct Simulated {
     pub seed: Option<u64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Retry {
     /// Further replicas to try when a connection fails before any
@@ -540,12 +554,13 @@ impl Retry {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Scheduling {
     /// Default: `scored`, or `least-request` for `engine: none` (no
     /// metrics to score on).
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::policy")]
     pub policy: Option<Policy>,
     /// A named weight set: `default`, `latency` or `throughput`.
     #[serde(default)]
@@ -557,12 +572,14 @@ pub struct Scheduling {
     pub saturation: Option<Saturation>,
     #[serde(default)]
     pub metrics: Metrics,
-    /// When every replica is stale or unhealthy but reachable.
+    /// When every replica is stale or unhealthy but reachable:
+    /// `least-request` (keep serving, the default) or `refuse`.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::fallback")]
     pub fallback: Fallback,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Weights {
     pub queue: Option<f64>,
@@ -572,21 +589,24 @@ pub struct Weights {
     pub lora: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Saturation {
     pub queue_depth: Option<u64>,
     pub kv_cache: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Metrics {
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub interval: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub stale_after: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub timeout: Option<Duration>,
 }
 
