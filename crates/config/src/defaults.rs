@@ -115,5 +115,21 @@ pub const REDIS_KEY_PREFIX: &str = "infergate:";
 /// (it is also reloaded on SIGHUP).
 pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
+/// How long the Lease that picks the replica writing an
+/// `InferenceGatewayConfig`'s status stays with a holder that stopped
+/// renewing it (client-go's leader election uses the same 15 s): status
+/// goes unwritten at most this long after its writer dies without
+/// releasing it.
+pub const STATUS_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often the status Lease's holder renews it, and the others look at
+/// it: three renewals per duration, so one lost request loses nothing.
+pub const STATUS_LEASE_RENEW: Duration = Duration::from_secs(5);
+/// How often the status writer looks at the gateway's readiness and its
+/// pools' ready replicas; it writes only when they changed.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// The `InferenceGatewayConfig` that `serve --kubernetes` reads when no
+/// `--name` is given.
+pub const KUBERNETES_CONFIG_NAME: &str = "infergate";
+
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";
