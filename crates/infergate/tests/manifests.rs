@@ -377,3 +377,32 @@ fn the_gateway_runs_locked_down() {
         .unwrap();
     assert_eq!(pod_security.run_as_user, Some(image_user));
 }
+
+/// `infergate check` takes a custom resource manifest as it takes a file:
+/// the example, and an object as read back from a cluster (server-set
+/// metadata and a status), and it refuses an invalid one with its problems.
+#[test]
+fn check_validates_custom_resource_manifests() {
+    let check = |path: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_infergate"))
+            .args(["check", "--config"])
+            .arg(path)
+            .output()
+            .unwrap()
+    };
+    let out = check(&deploy_dir().join("config.yaml"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let read_back = "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata:\n  name: gw\n  namespace: infergate\n  uid: 0d9e4ae4-8f5c-4d0e-9c8e-1b2f3a4b5c6d\n  resourceVersion: \"4711\"\n  generation: 3\n  creationTimestamp: \"2026-01-01T00:00:00Z\"\n  managedFields: [{manager: kubectl, operation: Apply}]\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:8080\"}]\n  pools: [{name: p, models: [m], endpoints: [\"127.0.0.1:9001\"]}]\nstatus:\n  observedGeneration: 3\n  conditions: [{type: Accepted, status: \"True\", reason: Accepted, message: \"\", lastTransitionTime: \"2026-01-01T00:00:00Z\"}]\n";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("object.yaml");
+    std::fs::write(&file, read_back).unwrap();
+    let out = check(&file);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    std::fs::write(&file, read_back.replace("models: [m]", "models: []")).unwrap();
+    let out = check(&file);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("spec.pools[0].models"), "{stderr}");
+}

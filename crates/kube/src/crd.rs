@@ -30,7 +30,7 @@ pub const PLURAL: &str = "inferencegatewayconfigs";
     plural = "inferencegatewayconfigs",
     shortname = "igc",
     namespaced,
-    struct = "GatewayConfigObject",
+    root = "GatewayConfigObject",
     status = "ConfigStatus",
     doc = "The configuration of an infergate gateway: listeners, pools of model-server replicas, routing, limits and security. Every gateway replica started with `infergate serve --kubernetes --name NAME` reads the object of that name and applies each change live.",
     printcolumn = r#"{"name":"Accepted","type":"string","jsonPath":".status.conditions[?(@.type==\"Accepted\")].status","description":"Whether the gateways accepted the current spec"}"#,

@@ -37,7 +37,8 @@ pub struct LeaseSettings {
 pub struct Candidate {
     holding: watch::Receiver<bool>,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
+    /// `None` once [`Candidate::release`] took it to wait for it.
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Candidate {
@@ -50,7 +51,7 @@ impl Candidate {
         Candidate {
             holding,
             stop,
-            task,
+            task: Some(task),
         }
     }
 
@@ -61,15 +62,19 @@ impl Candidate {
 
     /// Stop competing, and release the Lease if held so that another
     /// candidate takes it without waiting for it to expire.
-    pub async fn release(self) {
+    pub async fn release(mut self) {
         let _ = self.stop.send(true);
-        let _ = self.task.await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
     }
 }
 
 impl Drop for Candidate {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
     }
 }
 
