@@ -42,6 +42,15 @@ pub const MAX_RETRIES: u32 = 2;
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
 /// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+/// `endpointSelector.relistInterval` and `inferencePool.relistInterval`:
+/// a full list of the selected pods this often, besides the watch. A watch
+/// that stops delivering events without closing (reported against other
+/// routers) is then stale for at most this long; one list per pool every
+/// five minutes costs the API server nothing.
+pub const DISCOVERY_RELIST_INTERVAL: Duration = Duration::from_secs(5 * 60);
+/// The pod label that names a replica's metrics dialect when it differs
+/// from its pool's `engine` (pools that mix engines).
+pub const ENGINE_LABEL: &str = "infergate.dev/engine";
 /// `simulated.timeScale`: simulated replicas run in real time by default.
 pub const SIM_TIME_SCALE: f64 = 1.0;
 

@@ -484,12 +484,19 @@ pub struct Pool {
     #[serde(default)]
     pub adapters: Vec<String>,
     /// Static replica addresses (`host:port`, or `https://host:port` for
-    /// TLS). Exactly one of `endpoints`
-    /// and `simulated` is given.
+    /// TLS). Exactly one of `endpoints`, `simulated`, `endpointSelector`
+    /// and `inferencePool` is given.
     #[serde(default)]
     pub endpoints: Vec<String>,
     #[serde(default)]
     pub simulated: Option<Simulated>,
+    /// Replicas found in Kubernetes: every Ready pod the labels select.
+    #[serde(default)]
+    pub endpoint_selector: Option<EndpointSelector>,
+    /// Replicas of a Gateway API Inference Extension `InferencePool`,
+    /// followed as it changes.
+    #[serde(default)]
+    pub inference_pool: Option<InferencePoolRef>,
     #[serde(default)]
     pub protocol: Protocol,
     /// TLS settings for `https://` endpoints.
@@ -502,6 +509,15 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Where the pool's replicas are found in Kubernetes, if they are.
+    pub fn discovery(&self) -> Option<Discovery<'_>> {
+        match (&self.endpoint_selector, &self.inference_pool) {
+            (Some(selector), _) => Some(Discovery::Selector(selector)),
+            (None, Some(pool)) => Some(Discovery::InferencePool(pool)),
+            (None, None) => None,
+        }
+    }
+
     pub fn policy(&self) -> Policy {
         match (self.scheduling.policy, self.engine) {
             (Some(policy), _) => policy,
@@ -519,6 +535,68 @@ impl Pool {
 // One definition, in the crate that dials replicas (the scraper); the
 // config names it where endpoints are described.
 pub use signals::{Scheme, endpoint_scheme};
+
+/// Pods selected by label: each Ready, non-terminating pod with an IP is a
+/// replica at `podIP:port`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointSelector {
+    pub namespace: String,
+    pub match_labels: BTreeMap<String, String>,
+    /// The replicas' port number; exactly one of `port` and `portName`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// The name of a container port of the pod.
+    #[serde(default)]
+    pub port_name: Option<String>,
+    /// A full list of the pods this often, besides the watch, in case a
+    /// watch stops delivering without closing.
+    #[serde(default, with = "humantime_serde")]
+    pub relist_interval: Option<Duration>,
+}
+
+impl EndpointSelector {
+    pub fn relist_interval(&self) -> Duration {
+        self.relist_interval
+            .unwrap_or(defaults::DISCOVERY_RELIST_INTERVAL)
+    }
+}
+
+/// A Gateway API Inference Extension `InferencePool`
+/// (`inference.networking.k8s.io/v1`): its `selector.matchLabels` pick the
+/// pods, each of its `targetPorts` is a replica on each pod.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InferencePoolRef {
+    pub name: String,
+    pub namespace: String,
+    /// As in `endpointSelector`.
+    #[serde(default, with = "humantime_serde")]
+    pub relist_interval: Option<Duration>,
+}
+
+impl InferencePoolRef {
+    pub fn relist_interval(&self) -> Duration {
+        self.relist_interval
+            .unwrap_or(defaults::DISCOVERY_RELIST_INTERVAL)
+    }
+}
+
+/// How a pool's replicas are found in Kubernetes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Discovery<'a> {
+    Selector(&'a EndpointSelector),
+    InferencePool(&'a InferencePoolRef),
+}
+
+impl Discovery<'_> {
+    pub fn relist_interval(&self) -> Duration {
+        match self {
+            Discovery::Selector(s) => s.relist_interval(),
+            Discovery::InferencePool(p) => p.relist_interval(),
+        }
+    }
+}
 
 /// Replicas the gateway starts in-process from the simulator.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
