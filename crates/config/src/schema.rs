@@ -538,7 +538,7 @@ pub use signals::{Scheme, endpoint_scheme};
 
 /// Pods selected by label: each Ready, non-terminating pod with an IP is a
 /// replica at `podIP:port`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EndpointSelector {
     pub namespace: String,
@@ -552,6 +552,7 @@ pub struct EndpointSelector {
     /// A full list of the pods this often, besides the watch, in case a
     /// watch stops delivering without closing.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub relist_interval: Option<Duration>,
 }
 
@@ -565,13 +566,14 @@ impl EndpointSelector {
 /// A Gateway API Inference Extension `InferencePool`
 /// (`inference.networking.k8s.io/v1`): its `selector.matchLabels` pick the
 /// pods, each of its `targetPorts` is a replica on each pod.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferencePoolRef {
     pub name: String,
     pub namespace: String,
     /// As in `endpointSelector`.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub relist_interval: Option<Duration>,
 }
 
