@@ -221,7 +221,10 @@ async fn serve(
         (Some(p), _) => config::load_file_with(p, lifecycle::problems)?,
         (None, Some(object)) => config::from_yaml_with(&object.document, lifecycle::problems)
             .map_err(|e| {
-                let object = cluster.as_ref().map(|c| c.object.as_str()).unwrap_or_default();
+                let object = cluster
+                    .as_ref()
+                    .map(|c| c.object.as_str())
+                    .unwrap_or_default();
                 anyhow::anyhow!("InferenceGatewayConfig {object} is invalid:\n{e}")
             })?,
         (None, None) => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),

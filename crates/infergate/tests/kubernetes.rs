@@ -168,7 +168,14 @@ async fn the_object_is_applied_live_and_its_status_says_so() {
     // A stream opened before the change runs to its end.
     let url = format!("http://{}/v1/chat/completions", served.addr);
     let mut curl_stream = Command::new("curl")
-        .args(["-s", "-N", "--max-time", "60", "-H", "content-type: application/json"])
+        .args([
+            "-s",
+            "-N",
+            "--max-time",
+            "60",
+            "-H",
+            "content-type: application/json",
+        ])
         .args(["-d", &chat("model-a", true), &url])
         .stdout(Stdio::piped())
         .spawn()
@@ -202,7 +209,10 @@ async fn the_object_is_applied_live_and_its_status_says_so() {
     assert!(line.contains("config reloaded"), "{line}");
     let config = debug_config(&admin);
     assert_eq!(config["generation"], 2, "{config}");
-    assert_eq!(config["spec"]["pools"][0]["scheduling"]["weights"]["queue"], 7.0);
+    assert_eq!(
+        config["spec"]["pools"][0]["scheduling"]["weights"]["queue"],
+        7.0
+    );
     assert_eq!(config["spec"]["pools"][1]["name"], "q");
 
     // The new pool serves, and the decision headers name it.
@@ -260,7 +270,17 @@ async fn the_object_is_applied_live_and_its_status_says_so() {
         })
         .await;
     let config = debug_config(&admin);
-    assert_eq!(config["generation"], 1 + 1, "the running config stays: {config}");
-    let answer = curl(&["-H", "content-type: application/json", "-d", &chat("model-a", false), &url]);
+    assert_eq!(
+        config["generation"],
+        1 + 1,
+        "the running config stays: {config}"
+    );
+    let answer = curl(&[
+        "-H",
+        "content-type: application/json",
+        "-d",
+        &chat("model-a", false),
+        &url,
+    ]);
     assert!(answer.contains("chat.completion"), "{answer}");
 }

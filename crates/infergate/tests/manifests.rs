@@ -68,7 +68,10 @@ impl Manifests {
                 let typed: T = serde_json::from_value(d.clone())
                     .unwrap_or_else(|e| panic!("{file}: a {kind} that does not parse: {e}"));
                 let back = serde_json::to_value(&typed).unwrap();
-                assert_eq!(&back, d, "{file}: the {kind} has fields its type does not know");
+                assert_eq!(
+                    &back, d,
+                    "{file}: the {kind} has fields its type does not know"
+                );
                 typed
             })
             .collect()
@@ -144,7 +147,12 @@ fn the_example_config_is_valid_and_the_crd_serves_it() {
     let (group, version) = config.api_version.split_once('/').unwrap();
     assert_eq!(crd.spec.group, group);
     assert_eq!(crd.spec.names.kind, config.kind);
-    assert!(crd.spec.versions.iter().any(|v| v.name == version && v.served));
+    assert!(
+        crd.spec
+            .versions
+            .iter()
+            .any(|v| v.name == version && v.served)
+    );
     assert_eq!(crd.spec.scope, "Namespaced");
 }
 
@@ -199,7 +207,10 @@ fn rbac_grants_exactly_the_calls_the_code_makes() {
     assert_eq!(Some(binding.role_ref.name), role.metadata.name);
     let cluster_binding = m.one::<ClusterRoleBinding>("ClusterRoleBinding");
     assert_eq!(cluster_binding.role_ref.kind, "ClusterRole");
-    assert_eq!(Some(cluster_binding.role_ref.name), cluster_role.metadata.name);
+    assert_eq!(
+        Some(cluster_binding.role_ref.name),
+        cluster_role.metadata.name
+    );
     for subjects in [binding.subjects, cluster_binding.subjects] {
         let subjects = subjects.unwrap();
         assert_eq!(subjects.len(), 1);
@@ -219,13 +230,15 @@ fn gateway_container(deployment: &Deployment) -> Container {
 fn container_port(container: &Container, port: &IntOrString) -> i32 {
     match port {
         IntOrString::Int(n) => *n,
-        IntOrString::String(name) => container
-            .ports
-            .iter()
-            .flatten()
-            .find(|p| p.name.as_deref() == Some(name))
-            .unwrap_or_else(|| panic!("no container port named {name}"))
-            .container_port,
+        IntOrString::String(name) => {
+            container
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("no container port named {name}"))
+                .container_port
+        }
     }
 }
 
@@ -298,7 +311,13 @@ fn the_deployment_survives_rollouts_and_drains() {
         .preferred_during_scheduling_ignored_during_execution
         .unwrap();
     assert_eq!(
-        terms[0].pod_affinity_term.label_selector.as_ref().unwrap().match_labels.as_ref(),
+        terms[0]
+            .pod_affinity_term
+            .label_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref(),
         Some(&selected)
     );
 
@@ -316,7 +335,10 @@ fn the_deployment_survives_rollouts_and_drains() {
 
     let pdb = m.one::<PodDisruptionBudget>("PodDisruptionBudget");
     let pdb_spec = pdb.spec.unwrap();
-    assert_eq!(pdb_spec.selector.unwrap().match_labels.as_ref(), Some(&selected));
+    assert_eq!(
+        pdb_spec.selector.unwrap().match_labels.as_ref(),
+        Some(&selected)
+    );
     assert_eq!(pdb_spec.min_available, Some(IntOrString::Int(1)));
 
     // The pods read the example object.
@@ -337,7 +359,10 @@ fn the_deployment_survives_rollouts_and_drains() {
     );
     let public_port = address_port(&config.spec.listeners[0].address);
     let ports = service_spec.ports.unwrap();
-    let http = ports.iter().find(|p| p.name.as_deref() == Some("http")).unwrap();
+    let http = ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("http"))
+        .unwrap();
     assert_eq!(
         container_port(&container, http.target_port.as_ref().unwrap()),
         public_port
@@ -391,14 +416,22 @@ fn check_validates_custom_resource_manifests() {
             .unwrap()
     };
     let out = check(&deploy_dir().join("config.yaml"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let read_back = "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nmetadata:\n  name: gw\n  namespace: infergate\n  uid: 0d9e4ae4-8f5c-4d0e-9c8e-1b2f3a4b5c6d\n  resourceVersion: \"4711\"\n  generation: 3\n  creationTimestamp: \"2026-01-01T00:00:00Z\"\n  managedFields: [{manager: kubectl, operation: Apply}]\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:8080\"}]\n  pools: [{name: p, models: [m], endpoints: [\"127.0.0.1:9001\"]}]\nstatus:\n  observedGeneration: 3\n  conditions: [{type: Accepted, status: \"True\", reason: Accepted, message: \"\", lastTransitionTime: \"2026-01-01T00:00:00Z\"}]\n";
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("object.yaml");
     std::fs::write(&file, read_back).unwrap();
     let out = check(&file);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     std::fs::write(&file, read_back.replace("models: [m]", "models: []")).unwrap();
     let out = check(&file);

@@ -42,7 +42,8 @@ pub const PLURAL: &str = "inferencegatewayconfigs";
 pub struct GatewaySpec(pub config::Spec);
 
 /// The `CustomResourceDefinition`, as the API server takes it.
-pub fn definition() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+pub fn definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     GatewayConfigObject::crd()
 }
 
@@ -92,10 +93,24 @@ mod tests {
         };
         let open = object.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
             || object.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
-        if !open && object.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+        if !open
+            && object
+                .get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+        {
             problems.push(format!("{path}: no type"));
         }
-        for forbidden in ["$ref", "$schema", "$defs", "definitions", "allOf", "anyOf", "oneOf", "not"] {
+        for forbidden in [
+            "$ref",
+            "$schema",
+            "$defs",
+            "definitions",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "not",
+        ] {
             if object.contains_key(forbidden) {
                 problems.push(format!("{path}: has {forbidden}"));
             }
@@ -139,7 +154,10 @@ mod tests {
     #[test]
     fn the_definition_has_what_kubectl_shows() {
         let crd = definition();
-        assert_eq!(crd.metadata.name.as_deref(), Some("inferencegatewayconfigs.infergate.dev"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("inferencegatewayconfigs.infergate.dev")
+        );
         assert_eq!(crd.spec.group, GROUP);
         assert_eq!(crd.spec.names.plural, PLURAL);
         assert_eq!(crd.spec.names.kind, config::defaults::KIND);
@@ -148,7 +166,13 @@ mod tests {
             format!("{GROUP}/{VERSION}"),
             "the file's apiVersion is the resource's"
         );
-        assert!(crd.spec.names.short_names.unwrap().contains(&"igc".to_owned()));
+        assert!(
+            crd.spec
+                .names
+                .short_names
+                .unwrap()
+                .contains(&"igc".to_owned())
+        );
         let version = &crd.spec.versions[0];
         assert!(version.subresources.as_ref().unwrap().status.is_some());
         let columns: Vec<&str> = version
@@ -174,7 +198,12 @@ mod tests {
                 .contains("Model names clients may put in `model`")
         );
         assert_eq!(pool["engine"]["enum"][0], "vllm");
-        assert!(spec["required"].as_array().unwrap().contains(&Value::from("pools")));
+        assert!(
+            spec["required"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from("pools"))
+        );
         let status = &schema["properties"]["status"]["properties"];
         assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
         assert_eq!(

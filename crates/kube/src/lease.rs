@@ -167,10 +167,17 @@ async fn round(
     update.spec = Some(held_by(settings, acquired, now, transitions));
     // `update` carries the resourceVersion read: a write in between makes
     // this one fail with 409 instead of overwriting it.
-    won(api.replace(&settings.name, &PostParams::default(), &update).await)
+    won(api
+        .replace(&settings.name, &PostParams::default(), &update)
+        .await)
 }
 
-fn held_by(settings: &LeaseSettings, acquired: MicroTime, renewed: MicroTime, transitions: i32) -> LeaseSpec {
+fn held_by(
+    settings: &LeaseSettings,
+    acquired: MicroTime,
+    renewed: MicroTime,
+    transitions: i32,
+) -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(settings.identity.clone()),
         lease_duration_seconds: Some(settings.duration.as_secs().max(1) as i32),
@@ -204,5 +211,8 @@ async fn release(api: &Api<Lease>, settings: &LeaseSettings) -> kube::Result<()>
     }
     spec.holder_identity = None;
     spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
-    won(api.replace(&settings.name, &PostParams::default(), &lease).await).map(|_| ())
+    won(api
+        .replace(&settings.name, &PostParams::default(), &lease)
+        .await)
+    .map(|_| ())
 }

@@ -63,7 +63,11 @@ impl ConfigStatus {
     /// `lastTransitionTime` unless its status changed (`now` otherwise).
     pub fn next(&self, observed: &Observed, now: Time) -> ConfigStatus {
         let accepted = match &observed.accepted {
-            Ok(()) => ("True", "Accepted", "the spec is valid and in force".to_owned()),
+            Ok(()) => (
+                "True",
+                "Accepted",
+                "the spec is valid and in force".to_owned(),
+            ),
             Err(problems) => (
                 "False",
                 "Invalid",
@@ -71,7 +75,11 @@ impl ConfigStatus {
             ),
         };
         let ready = match &observed.ready {
-            Ok(()) => ("True", "Ready", "a pool has a replica to send to".to_owned()),
+            Ok(()) => (
+                "True",
+                "Ready",
+                "a pool has a replica to send to".to_owned(),
+            ),
             Err(why) => ("False", "NotReady", why.clone()),
         };
         let conditions = [(ACCEPTED, accepted), (READY, ready)]
@@ -149,11 +157,18 @@ mod tests {
         let accepted = refused.condition(ACCEPTED).unwrap();
         assert_eq!(accepted.status, "False");
         assert_eq!(accepted.reason, "Invalid");
-        assert!(accepted.message.contains("spec.pools[0].models: at least one model"));
+        assert!(
+            accepted
+                .message
+                .contains("spec.pools[0].models: at least one model")
+        );
         assert_eq!(accepted.last_transition_time, at(20));
         assert_eq!(accepted.observed_generation, Some(2));
         // Ready did not change: its transition time stays.
-        assert_eq!(refused.condition(READY).unwrap().last_transition_time, at(10));
+        assert_eq!(
+            refused.condition(READY).unwrap().last_transition_time,
+            at(10)
+        );
         assert_eq!(refused.pools[0].ready_endpoints, 2);
     }
 

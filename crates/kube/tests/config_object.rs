@@ -59,7 +59,10 @@ async fn each_new_spec_is_seen_once() {
     let server = ApiServer::start().await;
     server.put(&Resource::GATEWAY_CONFIGS, NS, object(&["m1"]));
     let mut watch = ConfigWatch::new(server.client(), NS, NAME);
-    let first = tokio::time::timeout(DEADLINE, watch.next()).await.unwrap().unwrap();
+    let first = tokio::time::timeout(DEADLINE, watch.next())
+        .await
+        .unwrap()
+        .unwrap();
     let config = config::from_yaml(&first.document).unwrap();
     assert_eq!(config.spec.pools[0].models, ["m1"]);
     assert_eq!(config.metadata.name, NAME);
@@ -70,7 +73,10 @@ async fn each_new_spec_is_seen_once() {
     with_status["status"] = json!({"observedGeneration": 1});
     server.put(&Resource::GATEWAY_CONFIGS, NS, with_status);
     server.put(&Resource::GATEWAY_CONFIGS, NS, object(&["m2"]));
-    let second = tokio::time::timeout(DEADLINE, watch.next()).await.unwrap().unwrap();
+    let second = tokio::time::timeout(DEADLINE, watch.next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(second.generation, Some(2));
     let config = config::from_yaml(&second.document).unwrap();
     assert_eq!(config.spec.pools[0].models, ["m2"]);
@@ -79,7 +85,10 @@ async fn each_new_spec_is_seen_once() {
     let mut invalid = object(&[]);
     invalid["spec"]["pools"][0]["weight"] = json!(3);
     server.put(&Resource::GATEWAY_CONFIGS, NS, invalid);
-    let third = tokio::time::timeout(DEADLINE, watch.next()).await.unwrap().unwrap();
+    let third = tokio::time::timeout(DEADLINE, watch.next())
+        .await
+        .unwrap()
+        .unwrap();
     let problems = config::from_yaml(&third.document).unwrap_err().to_string();
     assert!(problems.contains("spec.pools[0].weight"), "{problems}");
     assert!(problems.contains("spec.pools[0].models"), "{problems}");
@@ -197,8 +206,9 @@ async fn a_refused_spec_is_in_the_status() {
     server
         .wait_for("a refusal", DEADLINE, |s| {
             status(s).is_some_and(|st| {
-                st.condition(ACCEPTED)
-                    .is_some_and(|c| c.status == "False" && c.message.contains("spec.pools[0].models"))
+                st.condition(ACCEPTED).is_some_and(|c| {
+                    c.status == "False" && c.message.contains("spec.pools[0].models")
+                })
             })
         })
         .await;
