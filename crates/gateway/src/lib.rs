@@ -276,6 +276,38 @@ impl Gateway {
         Some(config::Priority::ALL.map(|band| admission.queued(band).0))
     }
 
+    /// What `/readyz` answers: `Err` with the reason when not ready.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.state.readiness()
+    }
+
+    /// Each pool's replicas that can take requests now (reachable, with
+    /// fresh metrics when the pool scores on them, as
+    /// `infergate_pool_ready_endpoints` counts them), in config order.
+    pub fn ready_endpoints(&self) -> Vec<(String, usize)> {
+        let now = std::time::Instant::now();
+        self.state
+            .generation()
+            .pools
+            .iter()
+            .map(|p| {
+                let picker = p.runtime().picker();
+                let config = picker.config();
+                let ready = picker
+                    .endpoints()
+                    .iter()
+                    .filter(|e| {
+                        e.is_reachable()
+                            && (!config.policy.uses_signals()
+                                || picker::health(&e.observation(), now, config.stale_after)
+                                    == picker::Health::Healthy)
+                    })
+                    .count();
+                (p.name().to_string(), ready)
+            })
+            .collect()
+    }
+
     /// Stop accepting, answer new requests on open connections with 503,
     /// and wait up to the drain timeout for in-flight requests to finish.
     /// Returns whether everything finished in time.

@@ -1,5 +1,6 @@
 //! What the process does on signals: SIGINT and SIGTERM stop it (a second
-//! one during the drain stops it at once), SIGHUP reloads the config file.
+//! one during the drain stops it at once), SIGHUP reloads the config file;
+//! and the one path every new config takes, from a file or a cluster object.
 
 use std::path::Path;
 
@@ -111,11 +112,42 @@ pub async fn reload(
     why: &str,
 ) {
     let Some(path) = path else {
-        tracing::info!("{why}: the demo has no config file to reload");
+        tracing::info!("{why}: no config file to reload");
         return;
     };
-    let loaded = async {
-        let mut config = config::load_file_with(path, problems)?;
+    let loaded = config::load_file_with(path, problems);
+    let source = path.display().to_string();
+    let _ = put_in_force(gateway, loaded, overrides, fleets, &source, why).await;
+}
+
+/// Put a config document (an `InferenceGatewayConfig` object as read from
+/// a cluster) in force, as a file reload would. Returns every problem,
+/// one per line, when it is refused; the running config then stays.
+pub async fn apply_document(
+    gateway: &gateway::Gateway,
+    document: &str,
+    overrides: &Overrides,
+    fleets: &mut Fleets,
+    source: &str,
+    why: &str,
+) -> Result<(), String> {
+    let loaded = config::from_yaml_with(document, problems);
+    put_in_force(gateway, loaded, overrides, fleets, source, why).await
+}
+
+/// The one path every change of config takes after it is read: validate
+/// with the command line's overrides, start simulated fleets it names,
+/// apply, count and log. Anything that fails changes nothing.
+async fn put_in_force(
+    gateway: &gateway::Gateway,
+    loaded: Result<config::InferenceGatewayConfig, config::ConfigError>,
+    overrides: &Overrides,
+    fleets: &mut Fleets,
+    source: &str,
+    why: &str,
+) -> Result<(), String> {
+    let applied = async {
+        let mut config = loaded?;
         overrides.apply(&mut config);
         let mut config = config::validated(config)?;
         let prepared = fleets.prepare(&mut config).await?;
@@ -123,15 +155,22 @@ pub async fn reload(
         fleets.commit(prepared);
         anyhow::Ok(())
     };
-    let result = loaded.await;
+    let result = applied.await;
     gateway.count_reload(result.is_ok());
     match result {
-        Ok(()) => tracing::info!(path = %path.display(), trigger = why, "config reloaded"),
-        Err(e) => tracing::error!(
-            path = %path.display(),
-            trigger = why,
-            error = %format!("{e:#}"),
-            "reload refused; the running config stays in force"
-        ),
+        Ok(()) => {
+            tracing::info!(%source, trigger = why, "config reloaded");
+            Ok(())
+        }
+        Err(e) => {
+            let problems = format!("{e:#}");
+            tracing::error!(
+                %source,
+                trigger = why,
+                error = %problems,
+                "reload refused; the running config stays in force"
+            );
+            Err(problems)
+        }
     }
 }
