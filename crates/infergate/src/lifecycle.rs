@@ -100,16 +100,23 @@ pub fn problems(
     problems
 }
 
+/// What a reload changes besides the config: the gateway, the simulated
+/// fleets and the Kubernetes watches.
+pub struct Running<'a> {
+    pub gateway: &'a gateway::Gateway,
+    pub fleets: &'a mut Fleets,
+    pub discoveries: &'a mut infergate_kube::Discoveries,
+}
+
 /// Read the config file again and put it in force. A file that does not
 /// load, validate or apply is logged and changes nothing. `why`: what
 /// asked for the reload, for the log.
-pub async fn reload(
-    gateway: &gateway::Gateway,
-    path: Option<&Path>,
-    overrides: &Overrides,
-    fleets: &mut Fleets,
-    why: &str,
-) {
+pub async fn reload(running: Running<'_>, path: Option<&Path>, overrides: &Overrides, why: &str) {
+    let Running {
+        gateway,
+        fleets,
+        discoveries,
+    } = running;
     let Some(path) = path else {
         tracing::info!("{why}: the demo has no config file to reload");
         return;
@@ -118,9 +125,11 @@ pub async fn reload(
         let mut config = config::load_file_with(path, problems)?;
         overrides.apply(&mut config);
         let mut config = config::validated(config)?;
+        discoveries.prepare(&config).await?;
         let prepared = fleets.prepare(&mut config).await?;
         gateway.apply(&config)?;
         fleets.commit(prepared);
+        discoveries.sync(&config, gateway);
         anyhow::Ok(())
     };
     let result = loaded.await;

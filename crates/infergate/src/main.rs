@@ -190,9 +190,14 @@ async fn serve(
     check_descriptor_limit(&config);
     let mut signals = Signals::install()?;
     let mut fleets = Fleets::default();
+    // Pools found in Kubernetes need a client: a clear error before
+    // anything starts when there is none.
+    let mut discoveries = infergate_kube::Discoveries::default();
+    discoveries.prepare(&config).await?;
     let prepared = fleets.prepare(&mut config).await?;
     let gateway = gateway::Gateway::start(&config).await?;
     fleets.commit(prepared);
+    discoveries.sync(&config, &gateway);
     gateway.set_config_source(match &path {
         Some(p) => format!("file {}", p.display()),
         None => "the built-in demo".to_owned(),
@@ -212,7 +217,12 @@ async fn serve(
             },
             () = lifecycle::changed(&mut watch) => "the file changed",
         };
-        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets, why).await;
+        let running = lifecycle::Running {
+            gateway: &gateway,
+            fleets: &mut fleets,
+            discoveries: &mut discoveries,
+        };
+        lifecycle::reload(running, path.as_deref(), &overrides, why).await;
     }
     tracing::info!("shutting down: draining in-flight requests (a second signal stops at once)");
     let drained = tokio::select! {
