@@ -31,9 +31,11 @@ impl Discovery {
             }
             addrs.push(addr);
         }
-        self.runtimes
-            .lock()
-            .set_discovered(pool, Discovered { addrs, engines }, &self.state.metrics);
+        self.runtimes.lock().set_discovered(
+            pool,
+            Discovered { addrs, engines },
+            &self.state.metrics,
+        );
     }
 
     /// Whether `pool`'s discovery reaches the API server

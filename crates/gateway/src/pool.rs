@@ -319,9 +319,9 @@ fn forget_when_idle(
         while Arc::strong_count(&gone) > 1 {
             tokio::time::sleep(LEAVER_CHECK_INTERVAL).await;
         }
-        let back = picker.upgrade().is_some_and(|p| {
-            p.endpoints().iter().any(|e| e.addr == gone.addr)
-        });
+        let back = picker
+            .upgrade()
+            .is_some_and(|p| p.endpoints().iter().any(|e| e.addr == gone.addr));
         if !back {
             series.forget(&pool, &gone.addr);
         }

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
-use kube::Client;
 use serde_json::Value;
 
 use crate::replicas::{Ports, replicas};
@@ -48,7 +48,9 @@ where
     }
 
     fn start(api: &Api<K>, config: &watcher::Config) -> EventStream<K> {
-        watcher(api.clone(), config.clone()).default_backoff().boxed()
+        watcher(api.clone(), config.clone())
+            .default_backoff()
+            .boxed()
     }
 
     async fn next(&mut self) -> Result<Event<K>, watcher::Error> {
@@ -160,7 +162,10 @@ pub async fn pods(
                     last = Some(found);
                 }
             }
-            Err(e) => health.failed(&format!("watch the pods selected by {selector:?} in {namespace:?}"), &e),
+            Err(e) => health.failed(
+                &format!("watch the pods selected by {selector:?} in {namespace:?}"),
+                &e,
+            ),
         }
     }
 }
@@ -218,7 +223,8 @@ pub async fn inference_pool(
     relist: Duration,
     sink: Arc<dyn Sink>,
 ) {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &inference_pool_resource());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &inference_pool_resource());
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut watch = Relisting::new(api, config, relist);
     let mut health = Health {

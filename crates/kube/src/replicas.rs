@@ -120,7 +120,15 @@ mod tests {
         let all = [ready, unready, terminating, no_ip, v6];
         let found = replicas(&all, &Ports::Numbers(vec![8000, 8001]));
         let addrs: Vec<_> = found.iter().map(|r| r.addr.as_str()).collect();
-        assert_eq!(addrs, ["10.0.0.1:8000", "10.0.0.1:8001", "[fd00::1]:8000", "[fd00::1]:8001"]);
+        assert_eq!(
+            addrs,
+            [
+                "10.0.0.1:8000",
+                "10.0.0.1:8001",
+                "[fd00::1]:8000",
+                "[fd00::1]:8001"
+            ]
+        );
         assert_eq!(found[2].engine.as_deref(), Some("sglang"));
         assert_eq!(found[0].engine, None);
 

@@ -38,7 +38,9 @@ async fn replica(n: u8, port: u16, dialect: sim::Dialect) -> sim::ReplicaHandle 
         seed: u64::from(n),
         ..sim::ReplicaSpec::default()
     };
-    sim::start_replica(SocketAddr::new(ip(n), port), spec).await.unwrap()
+    sim::start_replica(SocketAddr::new(ip(n), port), spec)
+        .await
+        .unwrap()
 }
 
 fn pod_named(n: u8) -> String {
@@ -174,7 +176,10 @@ impl Load {
     async fn until(&self, what: &str, condition: impl Fn(&[Record]) -> bool) {
         let end = tokio::time::Instant::now() + WAIT;
         while !condition(&self.records.lock()) {
-            assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out waiting for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -234,7 +239,10 @@ async fn wait_metrics(gw: &Gateway, what: &str, condition: impl Fn(&str) -> bool
         if condition(&text) {
             return;
         }
-        assert!(tokio::time::Instant::now() < end, "never {what}; /metrics:\n{text}");
+        assert!(
+            tokio::time::Instant::now() < end,
+            "never {what}; /metrics:\n{text}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -260,9 +268,17 @@ async fn scaling_2_to_6_to_1_under_streaming_load_loses_no_request() {
     // 2 → 6. Replica 7 speaks SGLang's metrics, said by its pod's label:
     // it is picked only if the gateway scrapes it in that dialect.
     for n in 4..=7 {
-        let dialect = if n == 7 { sim::Dialect::Sglang } else { sim::Dialect::Vllm };
+        let dialect = if n == 7 {
+            sim::Dialect::Sglang
+        } else {
+            sim::Dialect::Vllm
+        };
         replicas.insert(n, replica(n, port, dialect).await);
-        let labels: &[(&str, &str)] = if n == 7 { &[("infergate.dev/engine", "sglang")] } else { &[] };
+        let labels: &[(&str, &str)] = if n == 7 {
+            &[("infergate.dev/engine", "sglang")]
+        } else {
+            &[]
+        };
         server.put(&Resource::PODS, NS, ready_pod(n, labels));
     }
     let six: Vec<String> = (2..=7).map(|n| addr(n, port)).collect();
@@ -274,29 +290,62 @@ async fn scaling_2_to_6_to_1_under_streaming_load_loses_no_request() {
 
     // 6 → 1, every way a pod stops being a replica.
     server.delete(&Resource::PODS, NS, &pod_named(3));
-    server.put(&Resource::PODS, NS, pod(&pod_named(4), Some(&ip(4).to_string()), &[("app", "vllm")], false));
+    server.put(
+        &Resource::PODS,
+        NS,
+        pod(
+            &pod_named(4),
+            Some(&ip(4).to_string()),
+            &[("app", "vllm")],
+            false,
+        ),
+    );
     server.mark_terminating(&Resource::PODS, NS, &pod_named(5));
     server.delete(&Resource::PODS, NS, &pod_named(6));
-    server.put(&Resource::PODS, NS, pod(&pod_named(7), Some(&ip(7).to_string()), &[("app", "retired")], true));
+    server.put(
+        &Resource::PODS,
+        NS,
+        pod(
+            &pod_named(7),
+            Some(&ip(7).to_string()),
+            &[("app", "retired")],
+            true,
+        ),
+    );
     wait_endpoints(&gw, &[addr(2, port)]).await;
     let removed_at = Instant::now();
     let before = load.count();
-    load.until("requests after the scale-down", |r| r.len() >= before + 30).await;
+    load.until("requests after the scale-down", |r| r.len() >= before + 30)
+        .await;
     let records = load.finish().await;
 
     let total = records.len();
-    assert!(records.iter().all(|r| r.status == 200), "every request answered 200");
-    assert!(records.iter().all(|r| r.complete), "every stream ran to [DONE]");
+    assert!(
+        records.iter().all(|r| r.status == 200),
+        "every request answered 200"
+    );
+    assert!(
+        records.iter().all(|r| r.complete),
+        "every stream ran to [DONE]"
+    );
     for n in 3..=7 {
         let gone = addr(n, port);
         let late: Vec<_> = records
             .iter()
             .filter(|r| r.endpoint == gone && r.started >= removed_at)
             .collect();
-        assert!(late.is_empty(), "{} requests went to {gone} after it left", late.len());
+        assert!(
+            late.is_empty(),
+            "{} requests went to {gone} after it left",
+            late.len()
+        );
         // The replica saw exactly the requests the gateway says it sent.
         let sent = records.iter().filter(|r| r.endpoint == gone).count();
-        assert_eq!(received(&gone).await, sent as f64, "requests received by {gone}");
+        assert_eq!(
+            received(&gone).await,
+            sent as f64,
+            "requests received by {gone}"
+        );
     }
     assert!(total > before + 30);
 
@@ -324,7 +373,10 @@ async fn an_unreachable_api_server_leaves_the_last_replicas_serving() {
     discoveries.sync(&config, &gw);
     let both = [addr(2, port), addr(3, port)];
     wait_endpoints(&gw, &both).await;
-    wait_metrics(&gw, "discovery up", |t| t.contains("infergate_discovery_up{pool=\"p\"} 1")).await;
+    wait_metrics(&gw, "discovery up", |t| {
+        t.contains("infergate_discovery_up{pool=\"p\"} 1")
+    })
+    .await;
 
     server.set_down(true);
     wait_metrics(&gw, "discovery down", |t| {
@@ -342,7 +394,10 @@ async fn an_unreachable_api_server_leaves_the_last_replicas_serving() {
     assert_eq!(endpoints(&gw), both, "the last known replicas keep serving");
 
     server.set_down(false);
-    wait_metrics(&gw, "discovery up again", |t| t.contains("infergate_discovery_up{pool=\"p\"} 1")).await;
+    wait_metrics(&gw, "discovery up again", |t| {
+        t.contains("infergate_discovery_up{pool=\"p\"} 1")
+    })
+    .await;
 
     // A reload (new weights) keeps the discovered replicas and the watch.
     let reloaded = gateway_config(port, ", weights: {queue: 3}");
