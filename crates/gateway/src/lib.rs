@@ -6,6 +6,7 @@ mod admin;
 mod admit;
 pub mod auth;
 pub mod body;
+mod discovered;
 mod edge;
 pub mod error;
 pub mod file_watch;
@@ -47,6 +48,7 @@ use crate::server::Workers;
 use crate::shutdown::Drain;
 use crate::state::State;
 
+pub use crate::discovered::Discovery;
 pub use crate::error::DropReason;
 
 /// Connections the admin listener serves at once, apart from the public
@@ -67,7 +69,7 @@ pub struct Gateway {
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
     /// Every pool's runtime, for the next generation.
-    runtimes: parking_lot::Mutex<Runtimes>,
+    runtimes: Arc<parking_lot::Mutex<Runtimes>>,
     // After `state`, whose pools' upstream clients run on the workers.
     _workers: Arc<Workers>,
 }
@@ -199,7 +201,7 @@ impl Gateway {
             drain,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
-            runtimes: parking_lot::Mutex::new(runtimes),
+            runtimes: Arc::new(parking_lot::Mutex::new(runtimes)),
             _workers: workers,
         })
     }
@@ -221,6 +223,14 @@ impl Gateway {
         self.state.install(generation);
         tracing::info!(pools = config.spec.pools.len(), "config applied");
         Ok(())
+    }
+
+    /// Where discovery reports the replicas of pools found in Kubernetes.
+    pub fn discovery(&self) -> Discovery {
+        Discovery {
+            runtimes: Arc::clone(&self.runtimes),
+            state: Arc::clone(&self.state),
+        }
     }
 
     /// Say where the config comes from (`/debug/config` shows it).

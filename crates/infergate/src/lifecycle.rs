@@ -101,58 +101,65 @@ pub fn problems(
     problems
 }
 
+/// What a reload changes besides the config: the gateway, the simulated
+/// fleets and the Kubernetes watches.
+pub struct Running<'a> {
+    pub gateway: &'a gateway::Gateway,
+    pub fleets: &'a mut Fleets,
+    pub discoveries: &'a mut infergate_kube::Discoveries,
+}
+
 /// Read the config file again and put it in force. A file that does not
 /// load, validate or apply is logged and changes nothing. `why`: what
 /// asked for the reload, for the log.
-pub async fn reload(
-    gateway: &gateway::Gateway,
-    path: Option<&Path>,
-    overrides: &Overrides,
-    fleets: &mut Fleets,
-    why: &str,
-) {
+pub async fn reload(running: Running<'_>, path: Option<&Path>, overrides: &Overrides, why: &str) {
     let Some(path) = path else {
         tracing::info!("{why}: no config file to reload");
         return;
     };
     let loaded = config::load_file_with(path, problems);
     let source = path.display().to_string();
-    let _ = put_in_force(gateway, loaded, overrides, fleets, &source, why).await;
+    let _ = put_in_force(running, loaded, overrides, &source, why).await;
 }
 
 /// Put a config document (an `InferenceGatewayConfig` object as read from
 /// a cluster) in force, as a file reload would. Returns every problem,
 /// one per line, when it is refused; the running config then stays.
 pub async fn apply_document(
-    gateway: &gateway::Gateway,
+    running: Running<'_>,
     document: &str,
     overrides: &Overrides,
-    fleets: &mut Fleets,
     source: &str,
     why: &str,
 ) -> Result<(), String> {
     let loaded = config::from_yaml_with(document, problems);
-    put_in_force(gateway, loaded, overrides, fleets, source, why).await
+    put_in_force(running, loaded, overrides, source, why).await
 }
 
 /// The one path every change of config takes after it is read: validate
-/// with the command line's overrides, start simulated fleets it names,
-/// apply, count and log. Anything that fails changes nothing.
+/// with the command line's overrides, start simulated fleets and watches it
+/// names, apply, count and log. Anything that fails changes nothing.
 async fn put_in_force(
-    gateway: &gateway::Gateway,
+    running: Running<'_>,
     loaded: Result<config::InferenceGatewayConfig, config::ConfigError>,
     overrides: &Overrides,
-    fleets: &mut Fleets,
     source: &str,
     why: &str,
 ) -> Result<(), String> {
+    let Running {
+        gateway,
+        fleets,
+        discoveries,
+    } = running;
     let applied = async {
         let mut config = loaded?;
         overrides.apply(&mut config);
         let mut config = config::validated(config)?;
+        discoveries.prepare(&config).await?;
         let prepared = fleets.prepare(&mut config).await?;
         gateway.apply(&config)?;
         fleets.commit(prepared);
+        discoveries.sync(&config, gateway);
         anyhow::Ok(())
     };
     let result = applied.await;

@@ -249,9 +249,14 @@ async fn serve(
     check_descriptor_limit(&config);
     let mut signals = Signals::install()?;
     let mut fleets = Fleets::default();
+    // Pools found in Kubernetes need a client: a clear error before
+    // anything starts when there is none.
+    let mut discoveries = infergate_kube::Discoveries::default();
+    discoveries.prepare(&config).await?;
     let prepared = fleets.prepare(&mut config).await?;
     let gateway = gateway::Gateway::start(&config).await?;
     fleets.commit(prepared);
+    discoveries.sync(&config, &gateway);
     gateway.set_config_source(match (&path, &cluster) {
         (Some(p), _) => format!("file {}", p.display()),
         (None, Some(c)) => format!("InferenceGatewayConfig {}", c.object),
@@ -279,7 +284,12 @@ async fn serve(
             object = next_object(&mut cluster) => {
                 let cluster = cluster.as_ref().expect("objects come from a cluster");
                 let source = format!("InferenceGatewayConfig {}", cluster.object);
-                let verdict = lifecycle::apply_document(&gateway, &object.document, &overrides, &mut fleets, &source, "the object changed").await;
+                let running = lifecycle::Running {
+                    gateway: &gateway,
+                    fleets: &mut fleets,
+                    discoveries: &mut discoveries,
+                };
+                let verdict = lifecycle::apply_document(running, &object.document, &overrides, &source, "the object changed").await;
                 cluster.report(object.generation, verdict);
                 cluster.observe(&gateway);
                 continue;
@@ -291,7 +301,12 @@ async fn serve(
                 continue;
             }
         };
-        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets, why).await;
+        let running = lifecycle::Running {
+            gateway: &gateway,
+            fleets: &mut fleets,
+            discoveries: &mut discoveries,
+        };
+        lifecycle::reload(running, path.as_deref(), &overrides, why).await;
     }
     if let Some(cluster) = cluster.take() {
         cluster.stop().await;

@@ -372,7 +372,10 @@ fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
         let rp = format!("{path}.inferencePool");
         check_namespace(p, &format!("{rp}.namespace"), &r.namespace);
         if !is_dns_label(&r.name, 253) {
-            p.add(format!("{rp}.name"), format!("{:?} is not an object name", r.name));
+            p.add(
+                format!("{rp}.name"),
+                format!("{:?} is not an object name", r.name),
+            );
         }
         if r.relist_interval == Some(Duration::ZERO) {
             p.add(format!("{rp}.relistInterval"), "must be greater than 0");
@@ -409,13 +412,14 @@ fn is_dns_label(name: &str, max: usize) -> bool {
 fn check_label(key: &str, value: &str) -> Result<(), String> {
     let name_ok = |n: &str| {
         n.len() <= 63
-            && n
-                .bytes()
+            && n.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
             && n.starts_with(|c: char| c.is_ascii_alphanumeric())
             && n.ends_with(|c: char| c.is_ascii_alphanumeric())
     };
-    let (prefix, name) = key.rsplit_once('/').map_or((None, key), |(p, n)| (Some(p), n));
+    let (prefix, name) = key
+        .rsplit_once('/')
+        .map_or((None, key), |(p, n)| (Some(p), n));
     if !name_ok(name) || prefix.is_some_and(|p| !is_dns_label(p, 253)) {
         return Err(format!("{key:?} is not a label key"));
     }

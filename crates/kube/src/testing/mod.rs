@@ -118,7 +118,8 @@ impl ApiServer {
 
     /// A kube-rs client for this server, default namespace `default`.
     pub fn client(&self) -> kube::Client {
-        kube::Client::try_from(kube::Config::new(self.url())).expect("a client for a plain HTTP URL")
+        kube::Client::try_from(kube::Config::new(self.url()))
+            .expect("a client for a plain HTTP URL")
     }
 
     /// Create the object, or replace it (status included) when it exists,
@@ -138,7 +139,9 @@ impl ApiServer {
             let status = object.get("status").cloned();
             let main = store.replace(resource, namespace, &name, object.clone(), Part::Main);
             match (main, status, resource.status_subresource) {
-                (Ok(_), Some(_), true) => store.replace(resource, namespace, &name, object, Part::Status),
+                (Ok(_), Some(_), true) => {
+                    store.replace(resource, namespace, &name, object, Part::Status)
+                }
                 (main, _, _) => main,
             }
         } else {
@@ -147,7 +150,9 @@ impl ApiServer {
             match (created, status, resource.status_subresource) {
                 // Created objects keep the status they were given: tests set
                 // pod readiness this way.
-                (Ok(_), Some(_), _) => store.replace(resource, namespace, &name, object, Part::Status),
+                (Ok(_), Some(_), _) => {
+                    store.replace(resource, namespace, &name, object, Part::Status)
+                }
                 (created, _, _) => created,
             }
         };
@@ -156,12 +161,20 @@ impl ApiServer {
 
     /// The stored object, if any.
     pub fn get(&self, resource: &Resource, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.store.lock().get(resource, namespace, name).cloned()
+        self.shared
+            .store
+            .lock()
+            .get(resource, namespace, name)
+            .cloned()
     }
 
     /// Delete the object; `None` when there was none.
     pub fn delete(&self, resource: &Resource, namespace: &str, name: &str) -> Option<Value> {
-        self.shared.store.lock().delete(resource, namespace, name).ok()
+        self.shared
+            .store
+            .lock()
+            .delete(resource, namespace, name)
+            .ok()
     }
 
     /// Mark the object terminating (`metadata.deletionTimestamp` set), as
@@ -229,10 +242,18 @@ impl ApiServer {
     }
 
     /// Wait (up to `deadline`) until `condition` holds; panics after it.
-    pub async fn wait_for(&self, what: &str, deadline: Duration, mut condition: impl FnMut(&ApiServer) -> bool) {
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        deadline: Duration,
+        mut condition: impl FnMut(&ApiServer) -> bool,
+    ) {
         let end = tokio::time::Instant::now() + deadline;
         while !condition(self) {
-            assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+            assert!(
+                tokio::time::Instant::now() < end,
+                "timed out waiting for {what}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

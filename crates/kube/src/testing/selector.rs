@@ -94,7 +94,12 @@ mod tests {
         let s = Selector::parse("app=vllm,tier==gpu,zone!=b,ready,!draining").unwrap();
         assert!(s.matches(&map(&[("app", "vllm"), ("tier", "gpu"), ("ready", "")])));
         assert!(!s.matches(&map(&[("app", "vllm"), ("tier", "gpu")])));
-        assert!(!s.matches(&map(&[("app", "vllm"), ("tier", "gpu"), ("ready", ""), ("zone", "b")])));
+        assert!(!s.matches(&map(&[
+            ("app", "vllm"),
+            ("tier", "gpu"),
+            ("ready", ""),
+            ("zone", "b")
+        ])));
         assert!(!s.matches(&map(&[("app", "sglang"), ("tier", "gpu"), ("ready", "")])));
         assert!(Selector::parse("").unwrap().matches(&map(&[])));
         assert!(Selector::parse("app in (a,b)").is_err());

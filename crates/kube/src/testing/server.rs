@@ -47,7 +47,10 @@ pub struct Shared {
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
-pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -58,18 +61,29 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
         return Ok(refusal(&Refusal::new(
             404,
             "NotFound",
-            format!("the server could not find the requested resource ({})", parts.uri.path()),
+            format!(
+                "the server could not find the requested resource ({})",
+                parts.uri.path()
+            ),
         )));
     };
     let verb = match (&parts.method, &route.name) {
-        (&Method::GET, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => Verb::Watch,
+        (&Method::GET, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+            Verb::Watch
+        }
         (&Method::GET, None) => Verb::List,
         (&Method::GET, Some(_)) => Verb::Get,
         (&Method::POST, None) => Verb::Create,
         (&Method::PUT, Some(_)) => Verb::Replace,
         (&Method::PATCH, Some(_)) => Verb::Patch,
         (&Method::DELETE, Some(_)) => Verb::Delete,
-        _ => return Ok(refusal(&Refusal::new(405, "MethodNotAllowed", "method not allowed on this path"))),
+        _ => {
+            return Ok(refusal(&Refusal::new(
+                405,
+                "MethodNotAllowed",
+                "method not allowed on this path",
+            )));
+        }
     };
     *shared
         .requests
@@ -77,11 +91,21 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
         .entry((verb, parts.uri.path().to_owned()))
         .or_default() += 1;
 
-    let label_selector = match Selector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default()) {
+    let label_selector = match Selector::parse(
+        query
+            .get("labelSelector")
+            .map(String::as_str)
+            .unwrap_or_default(),
+    ) {
         Ok(s) => s,
         Err(e) => return Ok(refusal(&Refusal::new(400, "BadRequest", e))),
     };
-    let field_selector = match Selector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default()) {
+    let field_selector = match Selector::parse(
+        query
+            .get("fieldSelector")
+            .map(String::as_str)
+            .unwrap_or_default(),
+    ) {
         Ok(s) => s,
         Err(e) => return Ok(refusal(&Refusal::new(400, "BadRequest", e))),
     };
@@ -92,7 +116,11 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
         fields: field_selector,
     };
     let name = route.name.clone().unwrap_or_default();
-    let part = if route.status { Part::Status } else { Part::Main };
+    let part = if route.status {
+        Part::Status
+    } else {
+        Part::Main
+    };
     let content_type = parts
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -125,7 +153,14 @@ pub async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<R
                 .map(|o| (StatusCode::OK, o))
         }),
         Verb::Patch => parse_body(&body).and_then(|patch| {
-            apply_patch(&mut shared.store.lock(), &route, &name, part, &content_type, patch)
+            apply_patch(
+                &mut shared.store.lock(),
+                &route,
+                &name,
+                part,
+                &content_type,
+                patch,
+            )
         }),
         Verb::Delete => shared
             .store
@@ -193,7 +228,8 @@ fn apply_patch(
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, Refusal> {
-    serde_json::from_slice(body).map_err(|e| Refusal::new(400, "BadRequest", format!("body is not JSON: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| Refusal::new(400, "BadRequest", format!("body is not JSON: {e}")))
 }
 
 /// The objects of one kind in one namespace that a watch or list selects.
@@ -263,9 +299,15 @@ fn event_line(event: &Value) -> Bytes {
 /// history (or the current objects as ADDED when none was asked for), then
 /// changes as they happen, bookmarks when allowed, until the client goes,
 /// `timeoutSeconds` pass, or a test cuts it.
-fn start_watch(shared: &Arc<Shared>, filter: Filter, query: &HashMap<String, String>) -> Response<Body> {
+fn start_watch(
+    shared: &Arc<Shared>,
+    filter: Filter,
+    query: &HashMap<String, String>,
+) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
     let timeout = query
         .get("timeoutSeconds")
         .and_then(|t| t.parse().ok())
@@ -303,11 +345,16 @@ fn start_watch(shared: &Arc<Shared>, filter: Filter, query: &HashMap<String, Str
     let shared = shared.clone();
     tokio::spawn(async move {
         *shared.open_watches.lock() += 1;
-        stream_watch(&shared, filter, lines, ended, feed, seen, bookmarks, timeout, tx).await;
+        stream_watch(
+            &shared, filter, lines, ended, feed, seen, bookmarks, timeout, tx,
+        )
+        .await;
         *shared.open_watches.lock() -= 1;
     });
     let body = StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|line| (Ok::<_, Infallible>(Frame::data(line)), rx))
+        rx.recv()
+            .await
+            .map(|line| (Ok::<_, Infallible>(Frame::data(line)), rx))
     }));
     Response::builder()
         .status(StatusCode::OK)

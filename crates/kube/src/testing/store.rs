@@ -218,7 +218,12 @@ impl Store {
         self.history.clear();
     }
 
-    pub fn create(&mut self, resource: &Resource, namespace: &str, mut object: Value) -> Result<Value, Refusal> {
+    pub fn create(
+        &mut self,
+        resource: &Resource,
+        namespace: &str,
+        mut object: Value,
+    ) -> Result<Value, Refusal> {
         let name = object_name(&object)?;
         if self.get(resource, namespace, &name).is_some() {
             return Err(Refusal::new(
@@ -266,10 +271,20 @@ impl Store {
             ));
         }
         if object_name(&object)? != name {
-            return Err(Refusal::new(400, "BadRequest", "the name in the body does not match the URL"));
+            return Err(Refusal::new(
+                400,
+                "BadRequest",
+                "the name in the body does not match the URL",
+            ));
         }
         // Server-set metadata is never taken from the client.
-        for field in ["uid", "creationTimestamp", "generation", "namespace", "deletionTimestamp"] {
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "namespace",
+            "deletionTimestamp",
+        ] {
             match old.pointer(&format!("/metadata/{field}")) {
                 Some(v) => {
                     metadata_mut(&mut object).insert(field.into(), v.clone());
@@ -290,7 +305,10 @@ impl Store {
                     set_field(&mut object, "status", old.get("status").cloned());
                 }
                 if old.get("spec") != object.get("spec") {
-                    let generation = old.pointer("/metadata/generation").and_then(Value::as_u64).unwrap_or(0);
+                    let generation = old
+                        .pointer("/metadata/generation")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
                     metadata_mut(&mut object).insert("generation".into(), json!(generation + 1));
                 }
                 object
@@ -305,7 +323,12 @@ impl Store {
 
     /// Set or clear `metadata.deletionTimestamp` (a pod that is terminating),
     /// as the kubelet's graceful deletion does.
-    pub fn set_terminating(&mut self, resource: &Resource, namespace: &str, name: &str) -> Result<Value, Refusal> {
+    pub fn set_terminating(
+        &mut self,
+        resource: &Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, Refusal> {
         let Some(mut object) = self.get(resource, namespace, name).cloned() else {
             return Err(Refusal::not_found(resource, name));
         };
@@ -313,24 +336,44 @@ impl Store {
         Ok(self.commit(resource, namespace, name, object, EventType::Modified))
     }
 
-    pub fn delete(&mut self, resource: &Resource, namespace: &str, name: &str) -> Result<Value, Refusal> {
+    pub fn delete(
+        &mut self,
+        resource: &Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, Refusal> {
         let key = (resource.clone(), namespace.to_owned(), name.to_owned());
         let Some(mut object) = self.objects.remove(&key) else {
             return Err(Refusal::not_found(resource, name));
         };
         self.revision += 1;
-        metadata_mut(&mut object).insert("resourceVersion".into(), json!(self.revision.to_string()));
-        self.record(resource, namespace, EventType::Deleted, object.clone(), None);
+        metadata_mut(&mut object)
+            .insert("resourceVersion".into(), json!(self.revision.to_string()));
+        self.record(
+            resource,
+            namespace,
+            EventType::Deleted,
+            object.clone(),
+            None,
+        );
         Ok(object)
     }
 
-    fn commit(&mut self, resource: &Resource, namespace: &str, name: &str, mut object: Value, kind: EventType) -> Value {
+    fn commit(
+        &mut self,
+        resource: &Resource,
+        namespace: &str,
+        name: &str,
+        mut object: Value,
+        kind: EventType,
+    ) -> Value {
         self.revision += 1;
         if let Some(map) = object.as_object_mut() {
             map.insert("apiVersion".into(), json!(resource.api_version()));
             map.insert("kind".into(), json!(resource.kind));
         }
-        metadata_mut(&mut object).insert("resourceVersion".into(), json!(self.revision.to_string()));
+        metadata_mut(&mut object)
+            .insert("resourceVersion".into(), json!(self.revision.to_string()));
         let previous = self.objects.insert(
             (resource.clone(), namespace.to_owned(), name.to_owned()),
             object.clone(),
@@ -440,13 +483,23 @@ mod tests {
         let mut store = Store::default();
         let r = Resource::GATEWAY_CONFIGS;
         let created = store
-            .create(&r, "ns", json!({"metadata": {"name": "gw"}, "spec": {"x": 1}}))
+            .create(
+                &r,
+                "ns",
+                json!({"metadata": {"name": "gw"}, "spec": {"x": 1}}),
+            )
             .unwrap();
         assert_eq!(created["metadata"]["generation"], 1);
         let rv1: u64 = resource_version_of(&created).parse().unwrap();
 
         let status_only = store
-            .replace(&r, "ns", "gw", json!({"metadata": {"name": "gw"}, "spec": {"x": 1}, "status": {"ok": true}}), Part::Status)
+            .replace(
+                &r,
+                "ns",
+                "gw",
+                json!({"metadata": {"name": "gw"}, "spec": {"x": 1}, "status": {"ok": true}}),
+                Part::Status,
+            )
             .unwrap();
         assert_eq!(status_only["metadata"]["generation"], 1);
         assert_eq!(status_only["status"]["ok"], true);
@@ -455,7 +508,13 @@ mod tests {
 
         // A main write carries no status change through the subresource.
         let spec = store
-            .replace(&r, "ns", "gw", json!({"metadata": {"name": "gw"}, "spec": {"x": 2}, "status": {"ok": false}}), Part::Main)
+            .replace(
+                &r,
+                "ns",
+                "gw",
+                json!({"metadata": {"name": "gw"}, "spec": {"x": 2}, "status": {"ok": false}}),
+                Part::Main,
+            )
             .unwrap();
         assert_eq!(spec["metadata"]["generation"], 2);
         assert_eq!(spec["status"]["ok"], true);
