@@ -308,7 +308,7 @@ pub struct Redis {
 
 /// TLS to Redis (`rediss://`). The server's certificate is checked against
 /// the system's roots, or `caFile`, and the URL's host.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RedisTls {
     /// PEM CA certificates Redis's certificate chains to (a private CA, as

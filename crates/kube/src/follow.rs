@@ -48,7 +48,7 @@ where
     }
 
     fn start(api: &Api<K>, config: &watcher::Config) -> EventStream<K> {
-        watcher(api.clone(), config.clone())
+        watcher::watcher(api.clone(), config.clone())
             .default_backoff()
             .boxed()
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::follow;
+use crate::follow as watches;
 use crate::replicas::Ports;
 use crate::sink::{Sink, Task};
 
@@ -22,7 +22,7 @@ pub fn follow(
                 (Some(name), _) => Ports::Named(name.clone()),
                 (None, port) => Ports::Numbers(port.into_iter().collect()),
             };
-            Task::spawn(follow::pods(
+            Task::spawn(watches::pods(
                 client,
                 name,
                 s.namespace.clone(),
@@ -32,7 +32,7 @@ pub fn follow(
                 sink,
             ))
         }
-        config::Discovery::InferencePool(r) => Task::spawn(follow::inference_pool(
+        config::Discovery::InferencePool(r) => Task::spawn(watches::inference_pool(
             client,
             name,
             r.namespace.clone(),

@@ -208,7 +208,7 @@ async fn watches_send_bookmarks_at_the_version_they_have_seen() {
     let api: Api<Pod> = Api::namespaced(server.client(), NS);
     let from = server.resource_version().to_string();
     let mut events = api
-        .watch(&WatchParams::default().bookmarks(true), &from)
+        .watch(&WatchParams::default(), &from)
         .await
         .unwrap()
         .boxed();

@@ -585,8 +585,6 @@ struct PoolHandles<'a> {
     queue_wait: &'a [Histogram; 3],
 }
 
-/// One replica's handles.
-#[derive(Clone)]
 /// The series each replica has, by pool and address.
 #[derive(Clone)]
 pub struct EndpointSeries(Families);
@@ -604,6 +602,8 @@ impl EndpointSeries {
     }
 }
 
+/// One replica's handles.
+#[derive(Clone)]
 pub struct EndpointMetrics {
     addr: Name,
     decisions: Counter,
