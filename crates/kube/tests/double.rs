@@ -317,9 +317,19 @@ async fn status_is_a_subresource_and_generation_follows_the_spec() {
         "{conflict:?}"
     );
 
-    // Apply creates what does not exist yet.
-    let fresh = api
+    // Apply creates what does not exist yet, under the URL's name.
+    let mismatch = api
         .patch("other", &PatchParams::apply("test"), &Patch::Apply(&apply))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(mismatch, kube::Error::Api(ref s) if s.code == 400),
+        "{mismatch:?}"
+    );
+    let mut other = apply.clone();
+    other["metadata"]["name"] = json!("other");
+    let fresh = api
+        .patch("other", &PatchParams::apply("test"), &Patch::Apply(&other))
         .await
         .unwrap();
     assert_eq!(fresh.metadata.generation, Some(1));

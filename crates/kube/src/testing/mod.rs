@@ -65,6 +65,7 @@ impl ApiServer {
             resources: Resource::ALL.to_vec(),
             requests: Mutex::default(),
             cut: watch::channel(0).0,
+            silenced: watch::channel(0).0,
             silent: AtomicBool::new(false),
             bookmark_interval: Mutex::new(BOOKMARK_INTERVAL),
             open_watches: Mutex::new(0),
@@ -207,6 +208,9 @@ impl ApiServer {
     /// while `silent` is set; watches opened after it is cleared work.
     pub fn set_silent(&self, silent: bool) {
         self.shared.silent.store(silent, Ordering::SeqCst);
+        if silent {
+            self.shared.silenced.send_modify(|n| *n += 1);
+        }
     }
 
     /// Take the server down (every connection dropped, new ones dropped

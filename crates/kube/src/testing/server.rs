@@ -38,6 +38,9 @@ pub struct Shared {
     pub requests: Mutex<HashMap<(Verb, String), usize>>,
     /// Bumped to end every open watch at once.
     pub cut: watch::Sender<u64>,
+    /// Bumped each time watches are made silent: a watch open then stays
+    /// silent even if `silent` is cleared before it next runs.
+    pub silenced: watch::Sender<u64>,
     /// While set, open watches go silent for good: connection open,
     /// nothing sent.
     pub silent: AtomicBool,
@@ -194,6 +197,15 @@ fn apply_patch(
             415,
             "UnsupportedMediaType",
             format!("the double does not take {content_type:?} patches"),
+        ));
+    }
+    if let Some(named) = patch.pointer("/metadata/name").and_then(Value::as_str)
+        && named != name
+    {
+        return Err(Refusal::new(
+            400,
+            "BadRequest",
+            format!("the name of the object ({named}) does not match the name on the URL ({name})"),
         ));
     }
     let current = store.get(&route.resource, &route.namespace, name).cloned();
@@ -377,6 +389,8 @@ async fn stream_watch(
 ) {
     let mut cut = shared.cut.subscribe();
     cut.mark_unchanged();
+    let mut silenced = shared.silenced.subscribe();
+    silenced.mark_unchanged();
     for line in backlog {
         if tx.send(line).await.is_err() {
             return;
@@ -391,10 +405,17 @@ async fn stream_watch(
     let interval = *shared.bookmark_interval.lock();
     let mut bookmark = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     loop {
-        silent |= shared.silent.load(Ordering::SeqCst);
+        silent |= shared.silent.load(Ordering::SeqCst) || silenced.has_changed().unwrap_or(false);
+        // Biased: what a test did before this task ran (cut it, silenced
+        // it) comes before the changes it made since.
         tokio::select! {
-            _ = &mut deadline => return,
+            biased;
             _ = cut.changed() => return,
+            _ = silenced.changed(), if !silent => {
+                silent = true;
+                continue;
+            }
+            _ = &mut deadline => return,
             _ = tx.closed() => return,
             received = feed.recv(), if !silent => match received {
                 Ok(change) => {
