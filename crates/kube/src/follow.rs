@@ -22,8 +22,13 @@ use crate::sink::{Sink, Task};
 
 type EventStream<K> = Pin<Box<dyn Stream<Item = Result<Event<K>, watcher::Error>> + Send>>;
 
+/// After a failed list or watch, a full list comes at the latest this
+/// long after: a watch that resumes quietly (nothing changed) yields no
+/// event, and only a list says the API server answers again.
+const RELIST_AFTER_ERROR: Duration = Duration::from_secs(5);
+
 /// A watcher that is dropped and started afresh (a full list) every
-/// `relist` interval.
+/// `relist` interval, and soon after an error.
 struct Relisting<K: kube::Resource + Clone + 'static> {
     api: Api<K>,
     config: watcher::Config,
@@ -62,6 +67,11 @@ where
                     self.next_relist = tokio::time::Instant::now() + self.relist;
                 }
                 event = self.stream.next() => match event {
+                    Some(Err(e)) => {
+                        let soon = tokio::time::Instant::now() + RELIST_AFTER_ERROR;
+                        self.next_relist = self.next_relist.min(soon);
+                        return Err(e);
+                    }
                     Some(event) => return event,
                     // The backoff-wrapped watcher never ends; if it does,
                     // start again.
@@ -235,6 +245,9 @@ pub async fn inference_pool(
     let mut current: Option<Target> = None;
     let mut following: Option<Task> = None;
     let mut seen_in_list = false;
+    // Whether the sink has heard anything yet: "no InferencePool" after
+    // the first list is news too (the pool is listed, and empty).
+    let mut reported = false;
     loop {
         let event = match watch.next().await {
             Ok(event) => event,
@@ -269,9 +282,10 @@ pub async fn inference_pool(
                 None
             }
         };
-        if wanted == current && (following.is_some() || wanted.is_none()) {
+        if reported && wanted == current && (following.is_some() || wanted.is_none()) {
             continue;
         }
+        reported = true;
         match &wanted {
             Some(t) => {
                 tracing::info!(pool = %pool, selector = ?t.labels, ports = ?t.ports, "following InferencePool {namespace}/{name}");
