@@ -244,7 +244,7 @@ impl Runtime {
             scrapers, engines, ..
         } = &mut *members;
         scrapers.retain(|addr, (_, dialect)| {
-            endpoints.iter().any(|e| e.addr == *addr) && *dialect == dialect_of(engines, &**addr)
+            endpoints.iter().any(|e| e.addr == *addr) && *dialect == dialect_of(engines, addr)
         });
         // Below the scrape timeout, so a replica that never answers the
         // handshake shows as unreachable rather than slow.
@@ -256,7 +256,7 @@ impl Runtime {
             if scrapers.contains_key(&e.addr) {
                 continue;
             }
-            let dialect = dialect_of(engines, &*e.addr);
+            let dialect = dialect_of(engines, &e.addr);
             // Fresh signals may show room for requests waiting in line.
             let admission = Arc::clone(&self.admission);
             let metrics = metrics.endpoint(&self.name, &e.addr);

@@ -70,7 +70,10 @@ mod tests {
         let checked_in = include_str!("../../../deploy/kubernetes/crd.yaml");
         // INFERGATE_BLESS=1 writes it instead (when the binary is not built).
         if std::env::var_os("INFERGATE_BLESS").is_some() {
-            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes/crd.yaml");
+            let path = concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../deploy/kubernetes/crd.yaml"
+            );
             std::fs::write(path, manifest()).unwrap();
             return;
         }
