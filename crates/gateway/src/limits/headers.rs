@@ -3,7 +3,7 @@
 //! one closest to refusing (fewest units left), so a client that paces
 //! itself by them stays under all of them.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::gcra::Verdict;
 
@@ -51,24 +51,28 @@ impl RateHeaders {
     }
 
     pub fn apply(&self, headers: &mut HeaderMap) {
-        for (suffix, family) in [("requests", &self.requests), ("tokens", &self.tokens)] {
+        for (names, family) in [(&REQUESTS, &self.requests), (&TOKENS, &self.tokens)] {
             let Some(f) = family else { continue };
-            let values = [
-                ("limit", HeaderValue::from(f.limit)),
-                ("remaining", HeaderValue::from(f.remaining)),
-                (
-                    "reset",
-                    HeaderValue::from_str(&go_duration(f.reset_ms)).expect("ASCII"),
-                ),
-            ];
-            for (what, value) in values {
-                let name = http::HeaderName::try_from(format!("x-ratelimit-{what}-{suffix}"))
-                    .expect("a valid header name");
-                headers.insert(name, value);
-            }
+            let [limit, remaining, reset] = names;
+            headers.insert(limit, HeaderValue::from(f.limit));
+            headers.insert(remaining, HeaderValue::from(f.remaining));
+            let reset_value = HeaderValue::from_str(&go_duration(f.reset_ms)).expect("ASCII");
+            headers.insert(reset, reset_value);
         }
     }
 }
+
+/// Each family's names, made once: they go on every response.
+static REQUESTS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-requests"),
+    HeaderName::from_static("x-ratelimit-remaining-requests"),
+    HeaderName::from_static("x-ratelimit-reset-requests"),
+];
+static TOKENS: [HeaderName; 3] = [
+    HeaderName::from_static("x-ratelimit-limit-tokens"),
+    HeaderName::from_static("x-ratelimit-remaining-tokens"),
+    HeaderName::from_static("x-ratelimit-reset-tokens"),
+];
 
 /// A duration as Go prints one, which is what OpenAI sends: `20ms`, `1.5s`,
 /// `6m0s`, `1h2m3s`. Rounded up to the millisecond.
