@@ -70,6 +70,8 @@ pub struct Gateway {
     drain_timeout: Duration,
     /// Every pool's runtime, for the next generation.
     runtimes: Arc<parking_lot::Mutex<Runtimes>>,
+    /// What the sockets were opened with: a reload must leave it alone.
+    fixed: FixedAtStart,
     // After `state`, whose pools' upstream clients run on the workers.
     _workers: Arc<Workers>,
 }
@@ -111,6 +113,61 @@ fn listener_tls(
 ) -> anyhow::Result<Option<Arc<tls::server::Acceptor>>> {
     spec.map(|spec| tls::server::Acceptor::start(name, spec, state.metrics.listener_tls(name)))
         .transpose()
+}
+
+/// The settings a running gateway cannot change: its listeners (addresses,
+/// TLS on or off, which files), the connection limits they were opened
+/// with, the drain and the telemetry set up at start. A reload that changes them is refused, naming them, rather than
+/// applied in part.
+#[derive(Debug)]
+struct FixedAtStart {
+    listeners: Vec<config::Listener>,
+    admin: Option<config::Admin>,
+    limits: config::Limits,
+    shutdown: config::Shutdown,
+    telemetry: config::Telemetry,
+}
+
+impl FixedAtStart {
+    fn of(spec: &config::Spec) -> Self {
+        Self {
+            listeners: spec.listeners.clone(),
+            admin: spec.admin.clone(),
+            limits: spec.limits.clone(),
+            shutdown: spec.shutdown.clone(),
+            telemetry: spec.telemetry.clone(),
+        }
+    }
+
+    /// The fields of `spec` that differ from what the gateway started with.
+    fn changed_in(&self, spec: &config::Spec) -> Vec<&'static str> {
+        let (was, now) = (&self.limits, &spec.limits);
+        [
+            ("spec.listeners", self.listeners != spec.listeners),
+            ("spec.admin", self.admin != spec.admin),
+            (
+                "spec.limits.maxConnections",
+                was.max_connections != now.max_connections,
+            ),
+            (
+                "spec.limits.maxConnectionsPerClient",
+                was.max_connections_per_client != now.max_connections_per_client,
+            ),
+            (
+                "spec.limits.maxBufferedBodyBytes",
+                was.max_buffered_body_bytes != now.max_buffered_body_bytes,
+            ),
+            (
+                "spec.limits.headerTimeout",
+                was.header_timeout != now.header_timeout,
+            ),
+            ("spec.shutdown", self.shutdown != spec.shutdown),
+            ("spec.telemetry", self.telemetry != spec.telemetry),
+        ]
+        .into_iter()
+        .filter_map(|(field, changed)| changed.then_some(field))
+        .collect()
+    }
 }
 
 /// One line per pool, so an operator sees what was loaded.
@@ -202,6 +259,7 @@ impl Gateway {
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
             runtimes: Arc::new(parking_lot::Mutex::new(runtimes)),
+            fixed: FixedAtStart::of(spec),
             _workers: workers,
         })
     }
@@ -212,9 +270,18 @@ impl Gateway {
     /// load, connections and prefix index; a pool's TLS settings and files
     /// hold for connections opened from now on. Listeners (their TLS on or
     /// off too; their certificate files are watched anyway), the admin
-    /// listener, connection limits and the body budget are fixed at start. The config
-    /// must be validated, with simulated pools started.
+    /// listener, connection limits and the body budget are fixed at start:
+    /// a config that changes them is refused, naming them. The config must
+    /// be validated, with simulated pools started.
     pub fn apply(&self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
+        let changed = self.fixed.changed_in(&config.spec);
+        if !changed.is_empty() {
+            anyhow::bail!(
+                "{} changed: these are fixed while the gateway runs; \
+                 restart it to change them (a rotated certificate file needs no restart)",
+                changed.join(", ")
+            );
+        }
         let generation = self
             .runtimes
             .lock()
