@@ -166,7 +166,8 @@ async fn a_change_of_listeners_or_connection_limits_asks_for_a_restart() {
     moved.spec.limits.max_connections = Some(7);
     let err = gw.apply(&moved).unwrap_err().to_string();
     assert!(
-        err.contains("spec.listeners, spec.limits.maxConnections changed") && err.contains("restart"),
+        err.contains("spec.listeners, spec.limits.maxConnections changed")
+            && err.contains("restart"),
         "{err}"
     );
     // Nothing of it was applied: the old replica still answers.
