@@ -144,6 +144,8 @@ struct Families {
     tls_reloads: Family<ReloadLabels, Counter>,
     tls_expiry: Family<ListenerLabels, Gauge>,
     tls_handshake_failures: Family<ListenerLabels, Counter>,
+    discovery_up: Family<PoolLabels, Gauge>,
+    discovery_errors: Family<PoolLabels, Counter>,
 }
 
 impl Families {
@@ -171,6 +173,8 @@ impl Families {
             tls_reloads: Family::default(),
             tls_expiry: Family::default(),
             tls_handshake_failures: Family::default(),
+            discovery_up: Family::default(),
+            discovery_errors: Family::default(),
         };
         registry.register(
             "infergate_config_reloads",
@@ -272,6 +276,16 @@ impl Families {
             "TLS handshakes with clients that failed (no shared version or cipher, a refused client certificate, a client gone mid-handshake)",
             f.tls_handshake_failures.clone(),
         );
+        registry.register(
+            "infergate_discovery_up",
+            "1 while the Kubernetes watches of a pool (endpointSelector, inferencePool) reach the API server, 0 while they fail and the pool keeps its last known replicas",
+            f.discovery_up.clone(),
+        );
+        registry.register(
+            "infergate_discovery_errors",
+            "Failed lists and watches of a pool's Kubernetes discovery (each retried with backoff)",
+            f.discovery_errors.clone(),
+        );
         f
     }
 }
@@ -314,6 +328,31 @@ impl Metrics {
             unrouted: OnceLock::new(),
             rollout,
         }
+    }
+
+    /// Whether the Kubernetes discovery of `pool` reaches the API server.
+    pub fn set_discovery_up(&self, pool: &str, up: bool) {
+        self.families
+            .discovery_up
+            .get_or_create(&PoolLabels {
+                pool: Name::new(pool.to_owned()),
+            })
+            .set(i64::from(up));
+    }
+
+    /// One failed list or watch of `pool`'s Kubernetes discovery.
+    pub fn count_discovery_error(&self, pool: &str) {
+        self.families
+            .discovery_errors
+            .get_or_create(&PoolLabels {
+                pool: Name::new(pool.to_owned()),
+            })
+            .inc();
+    }
+
+    /// The per-replica series, for removing those of replicas that left.
+    pub fn endpoint_series(&self) -> EndpointSeries {
+        EndpointSeries(self.families.clone())
     }
 
     /// Counts one attempt to put a changed config in force.
@@ -544,6 +583,23 @@ struct PoolHandles<'a> {
     retries: &'a Counter,
     /// By [`Priority`] order.
     queue_wait: &'a [Histogram; 3],
+}
+
+/// The series each replica has, by pool and address.
+#[derive(Clone)]
+pub struct EndpointSeries(Families);
+
+impl EndpointSeries {
+    /// Stop exporting the series of replica `addr` of `pool`.
+    pub fn forget(&self, pool: &str, addr: &str) {
+        let labels = EndpointLabels {
+            pool: Name::new(pool.to_owned()),
+            endpoint: Name::new(addr.to_owned()),
+        };
+        self.0.routing_decisions.remove(&labels);
+        self.0.scrape_errors.remove(&labels);
+        self.0.scrape_duration.remove(&labels);
+    }
 }
 
 /// One replica's handles.
