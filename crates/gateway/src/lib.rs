@@ -71,7 +71,8 @@ pub struct Gateway {
     /// Every pool's runtime, for the next generation.
     runtimes: Arc<parking_lot::Mutex<Runtimes>>,
     /// What the sockets were opened with: a reload must leave it alone.
-    fixed: FixedAtStart,
+    /// Boxed: read only on reload, it would otherwise double the handle.
+    fixed: Box<FixedAtStart>,
     // After `state`, whose pools' upstream clients run on the workers.
     _workers: Arc<Workers>,
 }
@@ -259,7 +260,7 @@ impl Gateway {
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
             runtimes: Arc::new(parking_lot::Mutex::new(runtimes)),
-            fixed: FixedAtStart::of(spec),
+            fixed: Box::new(FixedAtStart::of(spec)),
             _workers: workers,
         })
     }
