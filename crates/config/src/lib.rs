@@ -7,6 +7,7 @@
 //! through the leaf `problem`.
 
 pub mod defaults;
+mod global;
 mod load;
 mod problem;
 mod read;
@@ -19,6 +20,7 @@ pub use load::{
     api_keys_from_yaml, from_yaml, from_yaml_with, load_file, load_file_with, validated,
 };
 pub use problem::{ConfigError, Problem, Unreadable};
+pub use global::*;
 pub use schema::*;
 pub use security::*;
 pub use traffic::*;
