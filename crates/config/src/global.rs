@@ -166,7 +166,8 @@ impl GlobalWeights {
             .unwrap_or(defaults::GLOBAL_WEIGHT_REGION_PROXIMITY)
     }
     pub fn error_rate(&self) -> f64 {
-        self.error_rate.unwrap_or(defaults::GLOBAL_WEIGHT_ERROR_RATE)
+        self.error_rate
+            .unwrap_or(defaults::GLOBAL_WEIGHT_ERROR_RATE)
     }
     pub fn cost(&self) -> f64 {
         self.cost.unwrap_or(defaults::GLOBAL_WEIGHT_COST)

@@ -16,11 +16,11 @@ mod security;
 mod traffic;
 mod validate;
 
+pub use global::*;
 pub use load::{
     api_keys_from_yaml, from_yaml, from_yaml_with, load_file, load_file_with, validated,
 };
 pub use problem::{ConfigError, Problem, Unreadable};
-pub use global::*;
 pub use schema::*;
 pub use security::*;
 pub use traffic::*;

@@ -35,6 +35,9 @@ pub fn empty() -> ResponseBody {
 pub enum ResponseBody {
     Full(Option<Bytes>),
     Proxied(Box<ProxiedBody>),
+    /// Chunks a task of the gateway's sends as it makes them (the load
+    /// summary stream); dropping the body tells the task to stop.
+    Lines(tokio::sync::mpsc::Receiver<Bytes>),
 }
 
 pub struct ProxiedBody {
@@ -117,12 +120,16 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Proxied(p) => p.poll_frame(cx),
+            ResponseBody::Lines(lines) => {
+                lines.poll_recv(cx).map(|l| l.map(|l| Ok(Frame::data(l))))
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Lines(_) => false,
             ResponseBody::Proxied(p) => {
                 p.ended
                     || (p.first.is_none()
@@ -136,6 +143,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Lines(_) => SizeHint::default(),
             // An SSE body may end with an error event of its own.
             ResponseBody::Proxied(p) if p.sse => SizeHint::default(),
             ResponseBody::Proxied(p) => {

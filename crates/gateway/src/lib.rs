@@ -15,6 +15,7 @@ pub mod fuzzing;
 mod generation;
 mod headers;
 mod limits;
+mod load_summary;
 mod mirror;
 pub mod pipeline;
 mod pool;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::generation::Generation;
+use crate::load_summary::book::SummaryBook;
 use crate::request_body::BodyBudget;
 use crate::telemetry::Metrics;
 use crate::telemetry::decisions::DecisionFeed;
@@ -22,6 +23,8 @@ pub struct State {
     pub decisions: Arc<DecisionFeed>,
     /// Snapshots of the request counters, taken while the page watches.
     pub traffic: Traffic,
+    /// What global routers are told of this gateway's load.
+    pub summaries: SummaryBook,
     shutting_down: AtomicBool,
     /// Where the config comes from, as `/debug/config` says it.
     pub config_source: parking_lot::Mutex<String>,
@@ -38,6 +41,7 @@ impl State {
             ),
             decisions: Arc::new(DecisionFeed::new()),
             traffic: Traffic::new(tokio::time::Instant::now()),
+            summaries: SummaryBook::default(),
             shutting_down: AtomicBool::new(false),
             config_source: parking_lot::Mutex::new("the embedding program".to_owned()),
         }

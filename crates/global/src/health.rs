@@ -95,7 +95,12 @@ impl MemberHealth {
     /// A member that publishes no summary starts up; one that does starts
     /// down until its first summary arrives, so a router that starts
     /// beside a dead member never sends it anything.
-    pub fn new(now: Instant, unhealthy_after: Duration, ramp_up: Duration, summaries: bool) -> Self {
+    pub fn new(
+        now: Instant,
+        unhealthy_after: Duration,
+        ramp_up: Duration,
+        summaries: bool,
+    ) -> Self {
         Self {
             unhealthy_after,
             ramp_up,
@@ -180,10 +185,9 @@ impl MemberHealth {
     fn advance(&mut self, now: Instant) -> Option<Transition> {
         let trouble = self.trouble(now);
         let (next, transition) = match (self.state, trouble) {
-            (State::Up | State::Ramping { .. }, Some(reason)) => (
-                State::Down { reason },
-                Some(Transition::WentDown(reason)),
-            ),
+            (State::Up | State::Ramping { .. }, Some(reason)) => {
+                (State::Down { reason }, Some(Transition::WentDown(reason)))
+            }
             (State::Ramping { since }, None) if self.share(since, now) >= 1.0 => {
                 (State::Up, Some(Transition::FullyBack))
             }

@@ -98,9 +98,9 @@ impl NoMember {
     pub fn message(&self, model: &str) -> String {
         match self {
             NoMember::NoneServes => format!("no member serves the model {model:?}"),
-            NoMember::Residency => format!(
-                "no member serving {model:?} is in the residency this request is held to"
-            ),
+            NoMember::Residency => {
+                format!("no member serving {model:?} is in the residency this request is held to")
+            }
             NoMember::AllUnhealthy => format!(
                 "every member that may serve {model:?} is unhealthy; the request was not sent elsewhere"
             ),
@@ -186,16 +186,12 @@ fn may_go_to(c: &Candidate<'_>, residency: Option<&[String]>) -> bool {
 /// Not saturated (by its own word: every ready replica full, or none
 /// ready) and not refusing (recent errors and 429s above the threshold).
 fn has_room(c: &Candidate<'_>, max_error_rate: f64) -> bool {
-    let saturated = c
-        .load
-        .is_some_and(|l| l.saturated || l.ready_replicas == 0);
+    let saturated = c.load.is_some_and(|l| l.saturated || l.ready_replicas == 0);
     !saturated && recent_failure_rate(c) <= max_error_rate
 }
 
 fn recent_failure_rate(c: &Candidate<'_>) -> f64 {
-    let reported = c
-        .load
-        .map_or(0.0, |l| l.error_rate + l.throttle_rate);
+    let reported = c.load.map_or(0.0, |l| l.error_rate + l.throttle_rate);
     reported.max(c.error_rate).clamp(0.0, 1.0)
 }
 
@@ -203,7 +199,11 @@ fn recent_failure_rate(c: &Candidate<'_>) -> f64 {
 fn score(candidates: &[Candidate<'_>], group: &[usize], i: usize, demand: &Demand<'_>) -> f64 {
     let c = &candidates[i];
     let w = demand.weights;
-    let kv = c.load.and_then(|l| l.kv_headroom).unwrap_or(0.5).clamp(0.0, 1.0);
+    let kv = c
+        .load
+        .and_then(|l| l.kv_headroom)
+        .unwrap_or(0.5)
+        .clamp(0.0, 1.0);
     let busiest = group
         .iter()
         .map(|&j| candidates[j].in_flight)
@@ -300,7 +300,11 @@ mod tests {
     #[test]
     fn the_member_with_room_wins_and_the_rest_follow_in_order() {
         let w = GlobalWeights::default();
-        let (busy, idle, mid) = (load(0.1, 10, false), load(0.9, 0, false), load(0.5, 2, false));
+        let (busy, idle, mid) = (
+            load(0.1, 10, false),
+            load(0.9, 0, false),
+            load(0.5, 2, false),
+        );
         let c = [
             member("busy", Some(&busy)),
             member("idle", Some(&idle)),

@@ -48,7 +48,11 @@ pub(super) fn check(p: &mut Problems, global: &Global) {
                 p.add(format!("{mp}.adminUrl"), why);
             }
         }
-        if member.region.as_deref().is_some_and(|r| r.trim().is_empty()) {
+        if member
+            .region
+            .as_deref()
+            .is_some_and(|r| r.trim().is_empty())
+        {
             p.add(format!("{mp}.region"), "must not be empty");
         }
         if let Some(cost) = member.cost_per_million_tokens
@@ -106,7 +110,8 @@ pub(super) fn check(p: &mut Problems, global: &Global) {
             p.add(format!("{path}.weights.{field}"), "must be a number >= 0");
         }
     }
-    let total = w.kv_headroom() + w.queue_depth() + w.region_proximity() + w.error_rate() + w.cost();
+    let total =
+        w.kv_headroom() + w.queue_depth() + w.region_proximity() + w.error_rate() + w.cost();
     if total == 0.0 {
         p.add(
             format!("{path}.weights"),
@@ -146,20 +151,29 @@ fn check_member_url(url: &str) -> Result<(), String> {
         .or_else(|| url.strip_prefix("https://"))
         .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
     if url.contains(['?', '#']) || url.chars().any(char::is_whitespace) {
-        return Err(format!(
-            "{url:?} must not have a query, fragment or spaces"
-        ));
+        return Err(format!("{url:?} must not have a query, fragment or spaces"));
     }
     let authority = rest.split('/').next().unwrap_or_default();
-    let bare_host = !authority.is_empty()
-        && !authority.contains(':')
-        && authority
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
-    if !(super::is_host_port(authority) || bare_host) {
+    if !is_authority(authority) {
         return Err(format!("{url:?} has no valid host[:port]"));
     }
     Ok(())
+}
+
+/// `host`, `host:port`, or an IP address with a port (`[::1]:8080`).
+fn is_authority(authority: &str) -> bool {
+    if authority.parse::<std::net::SocketAddr>().is_ok() {
+        return true;
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (authority, None),
+    };
+    !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+        && port.is_none_or(|p| p.parse::<u16>().is_ok())
 }
 
 #[cfg(test)]
@@ -190,6 +204,29 @@ mod tests {
     failover: {unhealthyAfter: 2s, rampUp: 60s}
     regionDistances: {us-east-1: {eu-west-1: 80}}
 "#;
+
+    #[test]
+    fn member_urls() {
+        for ok in [
+            "http://10.0.0.5:8080",
+            "https://api.example.com",
+            "https://api.example.com/openai",
+            "http://[::1]:8080",
+            "http://gw_1:80",
+        ] {
+            assert_eq!(super::check_member_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "10.0.0.5:8080",
+            "http://",
+            "http://h:port",
+            "http://h:99999",
+            "http://a b",
+            "https://h/v1?x",
+        ] {
+            assert!(super::check_member_url(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn members_alone_are_a_valid_config() {

@@ -23,6 +23,7 @@ use super::gauges::{
     FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
 };
 use super::labels::{Name, TenantLabel};
+use super::outcomes::{OutcomeBook, Outcomes};
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
 /// generation), about three buckets per decade so quantiles stay within
@@ -144,6 +145,8 @@ struct Families {
     tls_reloads: Family<ReloadLabels, Counter>,
     tls_expiry: Family<ListenerLabels, Gauge>,
     tls_handshake_failures: Family<ListenerLabels, Counter>,
+    /// Not exported: read by the load summary.
+    outcomes: OutcomeBook,
 }
 
 impl Families {
@@ -171,6 +174,7 @@ impl Families {
             tls_reloads: Family::default(),
             tls_expiry: Family::default(),
             tls_handshake_failures: Family::default(),
+            outcomes: OutcomeBook::default(),
         };
         registry.register(
             "infergate_config_reloads",
@@ -314,6 +318,11 @@ impl Metrics {
             unrouted: OnceLock::new(),
             rollout,
         }
+    }
+
+    /// How each (pool, model)'s requests ended, for the load summary.
+    pub fn outcomes(&self) -> &OutcomeBook {
+        &self.families.outcomes
     }
 
     /// Counts one attempt to put a changed config in force.
@@ -588,6 +597,7 @@ pub struct RouteMetrics {
     pool: Name,
     model: Name,
     requests: Family<RequestLabels, Counter>,
+    outcomes: Arc<Outcomes>,
     refused: Family<RefusedLabels, Counter>,
     retries: Counter,
     queue_wait: [Histogram; 3],
@@ -615,6 +625,7 @@ impl RouteMetrics {
         };
         Self {
             requests: f.requests.clone(),
+            outcomes: f.outcomes.of(&pool, &model),
             refused: f.refused.clone(),
             retries: shared.retries.clone(),
             queue_wait: shared.queue_wait.clone(),
@@ -644,6 +655,7 @@ impl RouteMetrics {
                 code,
             })
             .inc();
+        self.outcomes.count(code);
     }
 
     /// The gateway refused the request for `reason` (one of a fixed set).
