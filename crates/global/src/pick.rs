@@ -217,10 +217,12 @@ fn score(candidates: &[Candidate<'_>], group: &[usize], i: usize, demand: &Deman
         }
         None => own,
     };
-    let proximity = match (c.distance, demand.farthest) {
-        (Some(d), far) if far > 0.0 => 1.0 - (d / far).min(1.0),
-        (Some(d), _) if d == 0.0 => 1.0,
-        _ => 0.0,
+    // Without a table, the router's own region is near and every other
+    // region far.
+    let proximity = match c.distance {
+        Some(d) if demand.farthest > 0.0 => 1.0 - (d / demand.farthest).min(1.0),
+        Some(d) => f64::from(u8::from(d == 0.0)),
+        None => 0.0,
     };
     let errors = 1.0 - recent_failure_rate(c);
     let costs = group.iter().map(|&j| candidates[j].cost.unwrap_or(0.0));

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::generation::Generation;
 use crate::pool::Pool;
-use crate::telemetry::outcomes::{OutcomeBook, OutcomeCounts};
+use crate::telemetry::outcomes::{OutcomeBook, OutcomeCounts, RouteKey};
 
 /// Rate samples are at least this far apart.
 const SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -29,8 +29,11 @@ struct Book {
     last: Option<BTreeMap<String, ModelLoad>>,
     /// Outcome counts by (pool, model), oldest first, spanning the rate
     /// window.
-    samples: VecDeque<(Instant, HashMap<(String, String), OutcomeCounts>)>,
+    samples: VecDeque<(Instant, Counts)>,
 }
+
+/// Every route's outcome counts at one time.
+type Counts = HashMap<RouteKey, OutcomeCounts>;
 
 impl Default for SummaryBook {
     fn default() -> Self {
@@ -54,7 +57,7 @@ impl SummaryBook {
         wall: SystemTime,
     ) -> LoadSummary {
         let mut book = self.book.lock();
-        let counts: HashMap<(String, String), OutcomeCounts> = served(generation)
+        let counts: Counts = served(generation)
             .map(|(pool, model)| {
                 let key = (pool.name().to_string(), model.to_owned());
                 let read = outcomes.read(&key.0, &key.1);

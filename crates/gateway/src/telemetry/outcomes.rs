@@ -59,10 +59,13 @@ impl Outcomes {
     }
 }
 
+/// A (pool, model) pair, by name.
+pub type RouteKey = (String, String);
+
 /// Every (pool, model)'s counters, made on first use and kept across
 /// reloads (as Prometheus counters are), so rates never jump at a reload.
 #[derive(Debug, Clone, Default)]
-pub struct OutcomeBook(Arc<Mutex<HashMap<(String, String), Arc<Outcomes>>>>);
+pub struct OutcomeBook(Arc<Mutex<HashMap<RouteKey, Arc<Outcomes>>>>);
 
 impl OutcomeBook {
     pub fn of(&self, pool: &str, model: &str) -> Arc<Outcomes> {
