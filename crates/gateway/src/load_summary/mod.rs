@@ -12,7 +12,7 @@
 //! gateways depend on, not a page for people.
 //!
 //! Nothing runs while nobody asks: a summary is computed when a request
-//! or a stream's tick wants one, and every caller shares one [`SummaryBook`]
+//! or a stream's tick wants one, and every caller shares one [`book::SummaryBook`]
 //! so that generation numbers mean the same to all of them.
 
 pub(crate) mod book;
