@@ -4,6 +4,7 @@
 //! `rampUp`, so a recovered cluster is not hit by every request at once.
 //!
 //! ```text
+//!   (start: Down until the first summary, which brings it straight Up)
 //!            failing or silent ≥ unhealthyAfter
 //!   Up ───────────────────────────────────────────▶ Down
 //!   ▲                                                │ a success, or a
@@ -89,12 +90,18 @@ pub struct MemberHealth {
     last_summary: Option<Instant>,
     /// A summary has arrived since the router started watching.
     heard: bool,
+    /// It has been up since the router started: only a member that was
+    /// taken out of rotation ramps back; one first seen ready (at the
+    /// router's start) takes its full share at once.
+    was_up: bool,
 }
 
 impl MemberHealth {
     /// A member that publishes no summary starts up; one that does starts
     /// down until its first summary arrives, so a router that starts
-    /// beside a dead member never sends it anything.
+    /// beside a dead member never sends it anything. A member's first
+    /// summary brings it straight up, without a ramp: ramps are for
+    /// members coming back, not for a router starting.
     pub fn new(
         now: Instant,
         unhealthy_after: Duration,
@@ -114,6 +121,7 @@ impl MemberHealth {
             failing_since: None,
             last_summary: summaries.then_some(now),
             heard: false,
+            was_up: !summaries,
         }
     }
 
@@ -192,7 +200,7 @@ impl MemberHealth {
                 (State::Up, Some(Transition::FullyBack))
             }
             (State::Down { .. }, None) if self.recovered() => {
-                let next = if self.ramp_up.is_zero() {
+                let next = if self.ramp_up.is_zero() || !self.was_up {
                     State::Up
                 } else {
                     State::Ramping { since: now }
@@ -202,6 +210,7 @@ impl MemberHealth {
             (state, _) => (state, None),
         };
         self.state = next;
+        self.was_up |= matches!(next, State::Up | State::Ramping { .. });
         transition
     }
 
@@ -311,19 +320,23 @@ mod tests {
     fn a_member_that_fails_while_ramping_goes_down_again() {
         let t0 = Instant::now();
         let mut h = MemberHealth::new(t0, AFTER, RAMP, true);
-        h.on_summary(t0);
-        assert!(matches!(h.peek(t0), Verdict::Ramping { .. }));
-        h.on_summary(t0 + secs(1.0));
-        h.on_failure(t0 + secs(1.0));
-        h.on_summary(t0 + secs(2.0));
+        // First seen at the router's start: up at once, no ramp.
+        assert_eq!(h.on_summary(t0), Some(Transition::CameBack));
+        assert_eq!(h.peek(t0), Verdict::Healthy);
+        // Silent for 2 s, then back: this time it ramps.
+        h.verdict(t0 + secs(2.0));
+        assert_eq!(h.on_summary(t0 + secs(5.0)), Some(Transition::CameBack));
+        assert!(matches!(h.peek(t0 + secs(5.0)), Verdict::Ramping { .. }));
+        h.on_failure(t0 + secs(6.0));
+        h.on_summary(t0 + secs(7.0));
         assert_eq!(
-            h.on_summary(t0 + secs(3.0)),
+            h.on_summary(t0 + secs(8.0)),
             Some(Transition::WentDown(DownReason::Failing))
         );
         // Summaries alone do not bring it back while the failures last...
-        assert_eq!(h.on_summary(t0 + secs(3.5)), None);
+        assert_eq!(h.on_summary(t0 + secs(8.5)), None);
         // ...a success does.
-        assert_eq!(h.on_success(t0 + secs(4.0)), Some(Transition::CameBack));
+        assert_eq!(h.on_success(t0 + secs(9.0)), Some(Transition::CameBack));
         assert!(!h.needs_probe());
     }
 }

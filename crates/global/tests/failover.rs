@@ -52,12 +52,11 @@ fn a_killed_member_stops_getting_requests_within_unhealthy_after_and_ramps_back(
         .iter()
         .map(|_| MemberHealth::new(t0, UNHEALTHY_AFTER, RAMP_UP, true))
         .collect();
-    // Every member's first summary arrives with the router's start; none
-    // is ramping at the start of the run (ramps finished long ago).
+    // Every member's first summary arrives with the router's start: all
+    // up at once, none ramping.
     for h in &mut health {
-        h.configure(UNHEALTHY_AFTER, Duration::ZERO);
         h.on_summary(t0);
-        h.configure(UNHEALTHY_AFTER, RAMP_UP);
+        assert_eq!(h.peek(t0), Verdict::Healthy);
     }
     let b_alive = |t: Duration| t < KILLED_AT || t >= BACK_AT;
     let weights = GlobalWeights::default();
