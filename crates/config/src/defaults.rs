@@ -42,6 +42,15 @@ pub const MAX_RETRIES: u32 = 2;
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
 /// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+/// `endpointSelector.relistInterval` and `inferencePool.relistInterval`:
+/// a full list of the selected pods this often, besides the watch. A watch
+/// that stops delivering events without closing (reported against other
+/// routers) is then stale for at most this long; one list per pool every
+/// five minutes costs the API server nothing.
+pub const DISCOVERY_RELIST_INTERVAL: Duration = Duration::from_secs(5 * 60);
+/// The pod label that names a replica's metrics dialect when it differs
+/// from its pool's `engine` (pools that mix engines).
+pub const ENGINE_LABEL: &str = "infergate.dev/engine";
 /// `simulated.timeScale`: simulated replicas run in real time by default.
 pub const SIM_TIME_SCALE: f64 = 1.0;
 
@@ -114,6 +123,22 @@ pub const REDIS_KEY_PREFIX: &str = "infergate:";
 /// How often a config file given with `--config` is looked at for changes
 /// (it is also reloaded on SIGHUP).
 pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long the Lease that picks the replica writing an
+/// `InferenceGatewayConfig`'s status stays with a holder that stopped
+/// renewing it (client-go's leader election uses the same 15 s): status
+/// goes unwritten at most this long after its writer dies without
+/// releasing it.
+pub const STATUS_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How often the status Lease's holder renews it, and the others look at
+/// it: three renewals per duration, so one lost request loses nothing.
+pub const STATUS_LEASE_RENEW: Duration = Duration::from_secs(5);
+/// How often the status writer looks at the gateway's readiness and its
+/// pools' ready replicas; it writes only when they changed.
+pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// The `InferenceGatewayConfig` that `serve --kubernetes` reads when no
+/// `--name` is given.
+pub const KUBERNETES_CONFIG_NAME: &str = "infergate";
 
 pub const API_VERSION: &str = "infergate.dev/v1alpha1";
 pub const KIND: &str = "InferenceGatewayConfig";

@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Global {
     /// The region this router runs in; region proximity is measured from
@@ -53,7 +54,7 @@ impl Global {
 
 /// Another gateway, or an OpenAI-compatible endpoint, that requests may be
 /// sent to.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Member {
     /// Unique; names the member in logs, metrics and decision headers.
@@ -100,7 +101,7 @@ impl Member {
 }
 
 /// What a member is, which says what it can tell about its load.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum MemberKind {
     /// Another infergate gateway: it publishes a load summary.
@@ -121,7 +122,7 @@ impl MemberKind {
 
 /// Primary members take the traffic; fallback members only what no
 /// primary can take.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum Tier {
     #[default]
@@ -142,7 +143,7 @@ impl Tier {
 
 /// Weights of the member scores, each `>= 0`; they need not add up to 1
 /// (a member's score is their weighted mean).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GlobalWeights {
     pub kv_headroom: Option<f64>,
@@ -175,17 +176,19 @@ impl GlobalWeights {
 }
 
 /// When a member stops getting requests, and how it comes back.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Failover {
     /// A member whose requests have failed (connection refused, 5xx) for
     /// this long without a success in between, or whose summary stream
     /// has been silent for this long, gets no new requests.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub unhealthy_after: Option<Duration>,
     /// A member that recovers gets a share of its traffic that rises from
     /// nothing to all of it over this time.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub ramp_up: Option<Duration>,
     /// Share of a member's recent answers that may be 5xx or 429 before
     /// it counts as refusing (a primary above it spills to fallbacks).

@@ -4,10 +4,12 @@
 //! Modules depend one way: `defaults` ← `schema` ← `validate` ← `load`;
 //! `load` reads documents through `read` (YAML into any type, noting every
 //! structural problem), and `read`, `validate` and `load` all report
-//! through the leaf `problem`.
+//! through the leaf `problem`. `json_schema` describes, for the schema
+//! derived from `schema`, the fields whose YAML form is not their Rust shape.
 
 pub mod defaults;
 mod global;
+mod json_schema;
 mod load;
 mod problem;
 mod read;

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 // Defined by the crates that act on them, with the same YAML names.
@@ -28,6 +29,10 @@ pub struct InferenceGatewayConfig {
     #[serde(default)]
     pub metadata: Metadata,
     pub spec: Spec,
+    /// What a gateway wrote back about the object, in a document read from
+    /// a cluster: accepted and ignored, like the server-set metadata.
+    #[serde(default, skip_serializing)]
+    pub status: ServerSet,
 }
 
 /// Kubernetes object metadata, so the document can be applied as a custom
@@ -78,7 +83,7 @@ impl<'de> Deserialize<'de> for ServerSet {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Spec {
     pub listeners: Vec<Listener>,
@@ -95,6 +100,7 @@ pub struct Spec {
     /// Priority band of each model's requests (model or adapter name →
     /// band); models not listed are `standard`.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::priority_map")]
     pub objectives: BTreeMap<String, Priority>,
     #[serde(default)]
     pub flow_control: FlowControl,
@@ -132,7 +138,7 @@ pub struct Spec {
 
 /// When the gateway calls itself ready (`/readyz`, a Kubernetes readiness
 /// probe): a pool is ready when a request to it could be sent now.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ReadyWhen {
     /// Some pool is ready: the gateway can serve some models.
@@ -144,7 +150,7 @@ pub enum ReadyWhen {
 }
 
 /// Queueing in the gateway when a pool is saturated.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FlowControl {
     /// Let the `x-infergate-priority` header raise a request above its
@@ -170,13 +176,14 @@ impl FlowControl {
 }
 
 /// Bounds of one band's queue, per pool.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BandLimits {
     pub max_queued: Option<usize>,
     pub max_queued_bytes: Option<u64>,
     /// `0s`: never wait, refuse at once when saturated.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub max_wait: Option<Duration>,
 }
 
@@ -197,7 +204,7 @@ impl BandLimits {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Listener {
     pub name: String,
@@ -208,7 +215,7 @@ pub struct Listener {
     pub tls: Option<ListenerTls>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Admin {
     pub address: String,
@@ -216,7 +223,7 @@ pub struct Admin {
     pub tls: Option<ListenerTls>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Limits {
     pub max_body_bytes: Option<u64>,
@@ -228,6 +235,7 @@ pub struct Limits {
     pub max_connections_per_client: Option<u32>,
     /// How long a new connection has to deliver its first request head.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub header_timeout: Option<Duration>,
 }
 
@@ -251,7 +259,7 @@ impl Limits {
 }
 
 /// What the public listeners pass on to replicas, and whom they believe.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Forwarding {
     /// `POST` paths forwarded besides the inference endpoints (for example
@@ -306,7 +314,7 @@ pub fn check_forward_path(path: &str) -> Result<(), String> {
 /// Whether a caller's `traceparent` may force sampling. A caller's trace
 /// id is always joined; this decides only whether its sampled flag is
 /// obeyed or the gateway's own `sampleRatio` decides.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ClientSampling {
     /// Any caller's flag is obeyed.
@@ -321,14 +329,17 @@ pub enum ClientSampling {
 /// Upstream timeouts. The defaults never cut a long generation that is
 /// still producing: `firstByte` covers a non-streaming answer that only
 /// arrives when generation ends, `idle` only fires when a stream goes quiet.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Timeouts {
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub connect: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub first_byte: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub idle: Option<Duration>,
 }
 
@@ -344,11 +355,12 @@ impl Timeouts {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Shutdown {
     /// How long in-flight requests may run after SIGTERM/SIGINT.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub drain_timeout: Option<Duration>,
 }
 
@@ -358,7 +370,7 @@ impl Shutdown {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Debug {
     /// Add `x-infergate-pool`, `x-infergate-endpoint`, `x-infergate-scores`
@@ -369,7 +381,7 @@ pub struct Debug {
 
 /// Access log and trace export. Metrics need no settings: they are served
 /// on the admin listener.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Telemetry {
     #[serde(default)]
@@ -379,7 +391,7 @@ pub struct Telemetry {
     pub otlp: Option<Otlp>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct AccessLog {
     /// `text` or `json`; when absent, the format of the process's other
@@ -390,7 +402,7 @@ pub struct AccessLog {
 
 /// The format of the access log here, and of the process's logs on the
 /// command line (`--log-format`).
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// One readable line per event.
@@ -424,7 +436,7 @@ impl std::str::FromStr for LogFormat {
 }
 
 /// An OpenTelemetry collector reached over OTLP/HTTP with protobuf bodies.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Otlp {
     /// `http://host:port` of the collector; spans go to `/v1/traces` under
@@ -438,6 +450,7 @@ pub struct Otlp {
     pub sample_ratio: Option<f64>,
     /// Longest time one export may take.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub timeout: Option<Duration>,
 }
 
@@ -465,7 +478,7 @@ impl Otlp {
 }
 
 /// HTTP version spoken to a pool's replicas.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     #[default]
@@ -474,12 +487,13 @@ pub enum Protocol {
     H2c,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pool {
     pub name: String,
     /// The metrics dialect the pool's replicas speak.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::dialect")]
     pub engine: Dialect,
     /// Model names clients may put in `model`; the first is the base model.
     pub models: Vec<String>,
@@ -487,12 +501,19 @@ pub struct Pool {
     #[serde(default)]
     pub adapters: Vec<String>,
     /// Static replica addresses (`host:port`, or `https://host:port` for
-    /// TLS). Exactly one of `endpoints`
-    /// and `simulated` is given.
+    /// TLS). Exactly one of `endpoints`, `simulated`, `endpointSelector`
+    /// and `inferencePool` is given.
     #[serde(default)]
     pub endpoints: Vec<String>,
     #[serde(default)]
     pub simulated: Option<Simulated>,
+    /// Replicas found in Kubernetes: every Ready pod the labels select.
+    #[serde(default)]
+    pub endpoint_selector: Option<EndpointSelector>,
+    /// Replicas of a Gateway API Inference Extension `InferencePool`,
+    /// followed as it changes.
+    #[serde(default)]
+    pub inference_pool: Option<InferencePoolRef>,
     #[serde(default)]
     pub protocol: Protocol,
     /// TLS settings for `https://` endpoints.
@@ -511,6 +532,15 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Where the pool's replicas are found in Kubernetes, if they are.
+    pub fn discovery(&self) -> Option<Discovery<'_>> {
+        match (&self.endpoint_selector, &self.inference_pool) {
+            (Some(selector), _) => Some(Discovery::Selector(selector)),
+            (None, Some(pool)) => Some(Discovery::InferencePool(pool)),
+            (None, None) => None,
+        }
+    }
+
     pub fn policy(&self) -> Policy {
         match (self.scheduling.policy, self.engine) {
             (Some(policy), _) => policy,
@@ -529,8 +559,72 @@ impl Pool {
 // config names it where endpoints are described.
 pub use signals::{Scheme, endpoint_scheme};
 
+/// Pods selected by label: each Ready, non-terminating pod with an IP is a
+/// replica at `podIP:port`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointSelector {
+    pub namespace: String,
+    pub match_labels: BTreeMap<String, String>,
+    /// The replicas' port number; exactly one of `port` and `portName`.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// The name of a container port of the pod.
+    #[serde(default)]
+    pub port_name: Option<String>,
+    /// A full list of the pods this often, besides the watch, in case a
+    /// watch stops delivering without closing.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub relist_interval: Option<Duration>,
+}
+
+impl EndpointSelector {
+    pub fn relist_interval(&self) -> Duration {
+        self.relist_interval
+            .unwrap_or(defaults::DISCOVERY_RELIST_INTERVAL)
+    }
+}
+
+/// A Gateway API Inference Extension `InferencePool`
+/// (`inference.networking.k8s.io/v1`): its `selector.matchLabels` pick the
+/// pods, each of its `targetPorts` is a replica on each pod.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InferencePoolRef {
+    pub name: String,
+    pub namespace: String,
+    /// As in `endpointSelector`.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub relist_interval: Option<Duration>,
+}
+
+impl InferencePoolRef {
+    pub fn relist_interval(&self) -> Duration {
+        self.relist_interval
+            .unwrap_or(defaults::DISCOVERY_RELIST_INTERVAL)
+    }
+}
+
+/// How a pool's replicas are found in Kubernetes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Discovery<'a> {
+    Selector(&'a EndpointSelector),
+    InferencePool(&'a InferencePoolRef),
+}
+
+impl Discovery<'_> {
+    pub fn relist_interval(&self) -> Duration {
+        match self {
+            Discovery::Selector(s) => s.relist_interval(),
+            Discovery::InferencePool(p) => p.relist_interval(),
+        }
+    }
+}
+
 /// Replicas the gateway starts in-process from the simulator.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Simulated {
     pub replicas: usize,
@@ -549,7 +643,7 @@ pub struct Simulated {
     pub seed: Option<u64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Retry {
     /// Further replicas to try when a connection fails before any
@@ -563,12 +657,13 @@ impl Retry {
     }
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Scheduling {
     /// Default: `scored`, or `least-request` for `engine: none` (no
     /// metrics to score on).
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::policy")]
     pub policy: Option<Policy>,
     /// A named weight set: `default`, `latency` or `throughput`.
     #[serde(default)]
@@ -580,12 +675,14 @@ pub struct Scheduling {
     pub saturation: Option<Saturation>,
     #[serde(default)]
     pub metrics: Metrics,
-    /// When every replica is stale or unhealthy but reachable.
+    /// When every replica is stale or unhealthy but reachable:
+    /// `least-request` (keep serving, the default) or `refuse`.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::fallback")]
     pub fallback: Fallback,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Weights {
     pub queue: Option<f64>,
@@ -598,21 +695,24 @@ pub struct Weights {
     pub session: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Saturation {
     pub queue_depth: Option<u64>,
     pub kv_cache: Option<f64>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Metrics {
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub interval: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub stale_after: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub timeout: Option<Duration>,
 }
 

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use picker::flow::Priority;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
 
 /// TLS on a public or admin listener.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListenerTls {
     /// PEM certificate chain, leaf first. Reloaded when the file changes.
@@ -27,7 +28,7 @@ pub struct ListenerTls {
 }
 
 /// Whether a client must present a certificate (with `clientCaFile`).
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum ClientAuth {
     /// A client without a valid certificate is refused in the handshake.
@@ -38,7 +39,7 @@ pub enum ClientAuth {
 }
 
 /// TLS to a pool's replicas (`https://` endpoints).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpstreamTls {
     /// PEM CA certificates the replicas' certificates chain to; the
@@ -61,7 +62,7 @@ pub struct UpstreamTls {
 
 /// How callers prove who they are. When the section is absent, a gateway
 /// with a listener beyond loopback refuses to start.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Auth {
     /// `required` (the default): a request without a valid credential is
@@ -82,7 +83,7 @@ pub struct Auth {
     pub tenant_header: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum AuthMode {
     #[default]
@@ -91,7 +92,7 @@ pub enum AuthMode {
 }
 
 /// API keys, stored as hashes. `infergate keys new --tenant NAME` makes one.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApiKeys {
     #[serde(default)]
@@ -104,7 +105,7 @@ pub struct ApiKeys {
 
 /// One key: its hash and whose it is. Exactly one of `sha256` and
 /// `argon2id` is given.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApiKey {
     pub tenant: String,
@@ -120,12 +121,13 @@ pub struct ApiKey {
 }
 
 /// JSON Web Tokens from one or more issuers.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Jwt {
     pub issuers: Vec<JwtIssuer>,
     /// Clock skew allowed on `exp` and `nbf`.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub leeway: Option<Duration>,
 }
 
@@ -135,7 +137,7 @@ impl Jwt {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct JwtIssuer {
     /// The `iss` a token must carry.
@@ -151,6 +153,7 @@ pub struct JwtIssuer {
     /// How often the JWKS is fetched again (also fetched at once, at most
     /// every few seconds, when a token names an unknown `kid`).
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub refresh_interval: Option<Duration>,
     /// Algorithms accepted from this issuer: `RS256`, `RS384`, `RS512`,
     /// `PS256`, `PS384`, `PS512`, `ES256`, `ES384`, `EdDSA`.
@@ -180,7 +183,7 @@ impl JwtIssuer {
 }
 
 /// Callers identified by their client certificate.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClientCertificates {
     /// Which part of the verified certificate names the tenant.
@@ -188,7 +191,7 @@ pub struct ClientCertificates {
     pub tenant_from: CertificateName,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum CertificateName {
     /// The subject's common name.
@@ -199,7 +202,7 @@ pub enum CertificateName {
 }
 
 /// One caller (or group of callers) of the gateway.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Tenant {
     pub name: String,
@@ -210,6 +213,7 @@ pub struct Tenant {
     /// Highest priority band the tenant's requests may have; a header or a
     /// model's band never lifts a request above it.
     #[serde(default)]
+    #[schemars(schema_with = "crate::json_schema::priority")]
     pub max_priority: Option<Priority>,
     /// Share of a saturated pool against other tenants waiting in the same
     /// band.
@@ -240,7 +244,7 @@ impl Tenant {
 }
 
 /// Requests and tokens in a window. Each given field is one limit.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RateLimit {
     pub requests_per_second: Option<u64>,
@@ -256,7 +260,7 @@ impl RateLimit {
 }
 
 /// Where limits are counted, and the gateway-wide limits.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RateLimits {
     #[serde(default)]
@@ -282,7 +286,7 @@ impl RateLimits {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum LimitBackend {
     /// In the gateway process: exact for one gateway replica.
@@ -292,7 +296,7 @@ pub enum LimitBackend {
     Redis,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Redis {
     /// `redis://[:password@]host:port/db`, or `rediss://` for Redis over
@@ -300,6 +304,7 @@ pub struct Redis {
     pub url: String,
     /// Longest wait for one answer before `onBackendError` decides.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub timeout: Option<Duration>,
     /// Prefix of every key the gateway writes.
     #[serde(default)]
@@ -311,7 +316,7 @@ pub struct Redis {
 
 /// TLS to Redis (`rediss://`). The server's certificate is checked against
 /// the system's roots, or `caFile`, and the URL's host.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RedisTls {
     /// PEM CA certificates Redis's certificate chains to (a private CA, as
@@ -337,7 +342,7 @@ impl Redis {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum OnBackendError {
     /// Let the request through (counted and warned about).

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::defaults;
@@ -12,7 +13,7 @@ use crate::defaults;
 /// Requests for `model` (an exact name or a glob such as `llama-*`) that
 /// match `match` are sent to one of `targets`, chosen by weight; the
 /// body's `model` is rewritten to the target's name.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Rewrite {
     /// Names the rewrite in metrics, logs and `/debug/rewrites`; its
@@ -30,7 +31,7 @@ pub struct Rewrite {
     pub targets: Vec<RewriteTarget>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RewriteMatch {
     /// The caller's tenant is one of these.
@@ -41,7 +42,7 @@ pub struct RewriteMatch {
     pub headers: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RewriteTarget {
     /// A model or adapter some pool serves.
@@ -60,11 +61,12 @@ pub struct RewriteTarget {
 /// (the default) `ttftP95` and `errorRate` are how much worse than the
 /// stable target over the same window the canary may do; with
 /// `baseline: absolute` they are ceilings.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Guard {
     /// Time to first token, 95th percentile (successful answers).
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub ttft_p95: Option<Duration>,
     /// Share of answers that failed: 5xx, 429 and timeouts from admission
     /// on (refusals of the caller's own making, such as its rate limits
@@ -74,6 +76,7 @@ pub struct Guard {
     #[serde(default)]
     pub min_requests: Option<u64>,
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub window: Option<Duration>,
     #[serde(default)]
     pub baseline: GuardBaseline,
@@ -89,7 +92,7 @@ impl Guard {
 }
 
 /// What a guard's figures are measured against.
-#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum GuardBaseline {
     /// The stable target's own figures over the same window; when it has
@@ -102,18 +105,19 @@ pub enum GuardBaseline {
 
 /// Raise the target's weight by `step` percent every `every` while its
 /// guard holds with at least `minRequests` in its window, up to 100.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Promote {
     pub step: u32,
     #[serde(with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub every: Duration,
 }
 
 /// Where a request's session key comes from, tried in this order: the
 /// header, the token's claim, the body's `user`. A request with none has
 /// no session.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Sessions {
     /// A request header field, such as `x-session-id`.
@@ -127,6 +131,7 @@ pub struct Sessions {
     pub user: bool,
     /// A session silent for this long is forgotten by the rewrites.
     #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
     pub idle_timeout: Option<Duration>,
     /// Sessions each rewrite remembers at most.
     #[serde(default)]
@@ -144,7 +149,7 @@ impl Sessions {
 
 /// Copies of a sampled share of the requests for `model` go to a shadow
 /// pool; their answers are read and discarded, never shown to the client.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Mirror {
     /// The client's model name: exact, or a glob with `*`.

@@ -506,3 +506,50 @@ fn redis_urls_and_tls_are_checked() {
         "{found:?}"
     );
 }
+
+#[test]
+fn discovered_pools_are_read_and_checked_without_a_cluster() {
+    let yaml = minimal(concat!(
+        "    - {name: a, models: [m1], endpointSelector: {namespace: ml, matchLabels: {app: vllm}, portName: http, relistInterval: 30s}}\n",
+        "    - {name: b, models: [m2], inferencePool: {name: llama, namespace: ml}}\n",
+    ));
+    let c = from_yaml(&yaml).unwrap();
+    let a = c.spec.pools[0].endpoint_selector.as_ref().unwrap();
+    assert_eq!(a.port_name.as_deref(), Some("http"));
+    assert_eq!(a.relist_interval(), std::time::Duration::from_secs(30));
+    assert!(matches!(
+        c.spec.pools[1].discovery(),
+        Some(config::Discovery::InferencePool(r)) if r.name == "llama"
+            && r.relist_interval() == defaults::DISCOVERY_RELIST_INTERVAL
+    ));
+    assert_eq!(c.spec.pools[0].endpoints, Vec::<String>::new());
+}
+
+#[test]
+fn discovery_problems_are_named() {
+    let yaml = minimal(concat!(
+        "    - {name: a, models: [m1], endpoints: [\"127.0.0.1:1\"], endpointSelector: {namespace: ml, matchLabels: {app: x}, port: 8000}}\n",
+        "    - {name: b, models: [m2], endpointSelector: {namespace: ml, matchLabels: {app: x}, port: 8000, portName: http}}\n",
+        "    - {name: c, models: [m3], endpointSelector: {namespace: ML, matchLabels: {}}}\n",
+        "    - {name: d, models: [m4], endpointSelector: {namespace: ml, matchLabels: {\"bad key!\": x}, port: 1}, inferencePool: {name: p, namespace: ml}, simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b}}\n",
+        "    - {name: e, models: [m5], inferencePool: {name: \"\", namespace: ml, relistInterval: 0s}}\n",
+    ));
+    let p = problems(&yaml);
+    let expect = [
+        "spec.pools[0]: give one of endpoints, simulated, endpointSelector and inferencePool, not both endpoints and endpointSelector",
+        "spec.pools[1].endpointSelector: give either port or portName, not both",
+        "spec.pools[2].endpointSelector.namespace: \"ML\" is not a namespace name",
+        "spec.pools[2].endpointSelector.matchLabels: at least one label is required",
+        "spec.pools[2].endpointSelector: give the replicas' port",
+        "spec.pools[3]: give one of endpoints, simulated, endpointSelector and inferencePool, not simulated, endpointSelector, inferencePool",
+        "spec.pools[3].endpointSelector.matchLabels.bad key!: \"bad key!\" is not a label key",
+        "spec.pools[4].inferencePool.name: \"\" is not an object name",
+        "spec.pools[4].inferencePool.relistInterval: must be greater than 0",
+    ];
+    for e in expect {
+        assert!(
+            p.iter().any(|line| line.starts_with(e)),
+            "missing {e:?} in {p:#?}"
+        );
+    }
+}

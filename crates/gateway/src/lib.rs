@@ -6,6 +6,7 @@ mod admin;
 mod admit;
 pub mod auth;
 pub mod body;
+mod discovered;
 mod edge;
 pub mod error;
 pub mod file_watch;
@@ -48,6 +49,7 @@ use crate::server::Workers;
 use crate::shutdown::Drain;
 use crate::state::State;
 
+pub use crate::discovered::Discovery;
 pub use crate::error::DropReason;
 
 /// Connections the admin listener serves at once, apart from the public
@@ -68,7 +70,10 @@ pub struct Gateway {
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
     /// Every pool's runtime, for the next generation.
-    runtimes: parking_lot::Mutex<Runtimes>,
+    runtimes: Arc<parking_lot::Mutex<Runtimes>>,
+    /// What the sockets were opened with: a reload must leave it alone.
+    /// Boxed: read only on reload, it would otherwise double the handle.
+    fixed: Box<FixedAtStart>,
     // After `state`, whose pools' upstream clients run on the workers.
     _workers: Arc<Workers>,
 }
@@ -110,6 +115,61 @@ fn listener_tls(
 ) -> anyhow::Result<Option<Arc<tls::server::Acceptor>>> {
     spec.map(|spec| tls::server::Acceptor::start(name, spec, state.metrics.listener_tls(name)))
         .transpose()
+}
+
+/// The settings a running gateway cannot change: its listeners (addresses,
+/// TLS on or off, which files), the connection limits they were opened
+/// with, the drain and the telemetry set up at start. A reload that changes them is refused, naming them, rather than
+/// applied in part.
+#[derive(Debug)]
+struct FixedAtStart {
+    listeners: Vec<config::Listener>,
+    admin: Option<config::Admin>,
+    limits: config::Limits,
+    shutdown: config::Shutdown,
+    telemetry: config::Telemetry,
+}
+
+impl FixedAtStart {
+    fn of(spec: &config::Spec) -> Self {
+        Self {
+            listeners: spec.listeners.clone(),
+            admin: spec.admin.clone(),
+            limits: spec.limits.clone(),
+            shutdown: spec.shutdown.clone(),
+            telemetry: spec.telemetry.clone(),
+        }
+    }
+
+    /// The fields of `spec` that differ from what the gateway started with.
+    fn changed_in(&self, spec: &config::Spec) -> Vec<&'static str> {
+        let (was, now) = (&self.limits, &spec.limits);
+        [
+            ("spec.listeners", self.listeners != spec.listeners),
+            ("spec.admin", self.admin != spec.admin),
+            (
+                "spec.limits.maxConnections",
+                was.max_connections != now.max_connections,
+            ),
+            (
+                "spec.limits.maxConnectionsPerClient",
+                was.max_connections_per_client != now.max_connections_per_client,
+            ),
+            (
+                "spec.limits.maxBufferedBodyBytes",
+                was.max_buffered_body_bytes != now.max_buffered_body_bytes,
+            ),
+            (
+                "spec.limits.headerTimeout",
+                was.header_timeout != now.header_timeout,
+            ),
+            ("spec.shutdown", self.shutdown != spec.shutdown),
+            ("spec.telemetry", self.telemetry != spec.telemetry),
+        ]
+        .into_iter()
+        .filter_map(|(field, changed)| changed.then_some(field))
+        .collect()
+    }
 }
 
 /// One line per pool, so an operator sees what was loaded.
@@ -200,7 +260,8 @@ impl Gateway {
             drain,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
-            runtimes: parking_lot::Mutex::new(runtimes),
+            runtimes: Arc::new(parking_lot::Mutex::new(runtimes)),
+            fixed: Box::new(FixedAtStart::of(spec)),
             _workers: workers,
         })
     }
@@ -211,9 +272,18 @@ impl Gateway {
     /// load, connections and prefix index; a pool's TLS settings and files
     /// hold for connections opened from now on. Listeners (their TLS on or
     /// off too; their certificate files are watched anyway), the admin
-    /// listener, connection limits and the body budget are fixed at start. The config
-    /// must be validated, with simulated pools started.
+    /// listener, connection limits and the body budget are fixed at start:
+    /// a config that changes them is refused, naming them. The config must
+    /// be validated, with simulated pools started.
     pub fn apply(&self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
+        let changed = self.fixed.changed_in(&config.spec);
+        if !changed.is_empty() {
+            anyhow::bail!(
+                "{} changed: these are fixed while the gateway runs; \
+                 restart it to change them (a rotated certificate file needs no restart)",
+                changed.join(", ")
+            );
+        }
         let generation = self
             .runtimes
             .lock()
@@ -222,6 +292,14 @@ impl Gateway {
         self.state.install(generation);
         tracing::info!(pools = config.spec.pools.len(), "config applied");
         Ok(())
+    }
+
+    /// Where discovery reports the replicas of pools found in Kubernetes.
+    pub fn discovery(&self) -> Discovery {
+        Discovery {
+            runtimes: Arc::clone(&self.runtimes),
+            state: Arc::clone(&self.state),
+        }
     }
 
     /// Say where the config comes from (`/debug/config` shows it).
@@ -275,6 +353,38 @@ impl Gateway {
         let generation = self.state.generation();
         let admission = generation.pool(pool)?.runtime().admission();
         Some(config::Priority::ALL.map(|band| admission.queued(band).0))
+    }
+
+    /// What `/readyz` answers: `Err` with the reason when not ready.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.state.readiness()
+    }
+
+    /// Each pool's replicas that can take requests now (reachable, with
+    /// fresh metrics when the pool scores on them, as
+    /// `infergate_pool_ready_endpoints` counts them), in config order.
+    pub fn ready_endpoints(&self) -> Vec<(String, usize)> {
+        let now = std::time::Instant::now();
+        self.state
+            .generation()
+            .pools
+            .iter()
+            .map(|p| {
+                let picker = p.runtime().picker();
+                let config = picker.config();
+                let ready = picker
+                    .endpoints()
+                    .iter()
+                    .filter(|e| {
+                        e.is_reachable()
+                            && (!config.policy.uses_signals()
+                                || picker::health(&e.observation(), now, config.stale_after)
+                                    == picker::Health::Healthy)
+                    })
+                    .count();
+                (p.name().to_string(), ready)
+            })
+            .collect()
     }
 
     /// Stop accepting, answer new requests on open connections with 503,

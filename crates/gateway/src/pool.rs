@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use crate::admit::{Admission, OwnedPick};
 use crate::request::InferenceRequest;
 use crate::server::WorkerId;
-use crate::telemetry::{Metrics, PoolMetrics};
+use crate::telemetry::{EndpointSeries, Metrics, PoolMetrics};
 use crate::tls::client::PoolTls;
 use crate::upstream::Connections;
 use crate::upstream::connections::Settings;
@@ -43,10 +43,16 @@ pub struct Runtime {
 /// Who is in the pool, and what watches them.
 #[derive(Default)]
 struct Members {
-    /// One per replica, by address; each stops its task when dropped.
-    scrapers: HashMap<Arc<str>, signals::Scraper>,
+    /// One per replica, by address, with the dialect it scrapes; each
+    /// stops its task when dropped.
+    scrapers: HashMap<Arc<str>, (signals::Scraper, signals::Dialect)>,
     /// How the scrapers run; they restart when it changes.
     scrape: Option<signals::ScrapeConfig>,
+    /// The generation's connect timeout, for changes between generations.
+    connect_timeout: Duration,
+    /// Replicas whose metrics dialect is not the pool's `engine` (found
+    /// in Kubernetes with an `infergate.dev/engine` label).
+    engines: HashMap<String, signals::Dialect>,
     /// The next replica's id. Ids are never reused, so the prefix index
     /// and a request's list of tried replicas never mistake a newcomer for
     /// a replica that left.
@@ -152,6 +158,33 @@ impl Runtime {
         self.reconcile(addrs, scrape, metrics, connect_timeout, tls_changed);
     }
 
+    /// Replicas whose metrics dialect is not the pool's `engine`, for the
+    /// next [`Runtime::configure`].
+    pub fn set_engines(&self, engines: HashMap<String, signals::Dialect>) {
+        self.members.lock().engines = engines;
+    }
+
+    /// Replace the membership between generations (replicas discovered in
+    /// Kubernetes), under the scrape settings of the generation in force;
+    /// `engines` gives replicas whose metrics dialect is not the pool's.
+    /// Does nothing before the first [`Runtime::configure`].
+    pub fn set_replicas(
+        &self,
+        addrs: &[String],
+        engines: HashMap<String, signals::Dialect>,
+        metrics: &Metrics,
+    ) {
+        let (scrape, connect_timeout) = {
+            let mut members = self.members.lock();
+            members.engines = engines;
+            match members.scrape {
+                Some(scrape) => (scrape, members.connect_timeout),
+                None => return,
+            }
+        };
+        self.reconcile(addrs, scrape, metrics, connect_timeout, false);
+    }
+
     /// Put `tls` in force unless the same settings and files already are;
     /// whether it changed. Connections opened under the old settings are
     /// not reused from now on (see `upstream::connections`).
@@ -188,6 +221,7 @@ impl Runtime {
             members.scrapers.clear();
             members.scrape = Some(scrape);
         }
+        members.connect_timeout = connect_timeout;
         let mut endpoints: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len());
         for addr in addrs {
             if endpoints.iter().any(|e| &*e.addr == addr.as_str()) {
@@ -203,9 +237,15 @@ impl Runtime {
             };
             endpoints.push(endpoint);
         }
-        members
-            .scrapers
-            .retain(|addr, _| endpoints.iter().any(|e| e.addr == *addr));
+        let dialect_of = |engines: &HashMap<String, signals::Dialect>, addr: &str| {
+            engines.get(addr).copied().unwrap_or(scrape.dialect)
+        };
+        let Members {
+            scrapers, engines, ..
+        } = &mut *members;
+        scrapers.retain(|addr, (_, dialect)| {
+            endpoints.iter().any(|e| e.addr == *addr) && *dialect == dialect_of(engines, addr)
+        });
         // Below the scrape timeout, so a replica that never answers the
         // handshake shows as unreachable rather than slow.
         let mut client = signals::ScrapeClient::new(scrape.timeout.min(connect_timeout));
@@ -213,22 +253,34 @@ impl Runtime {
             client = client.with_tls(tls.scrape());
         }
         for e in &endpoints {
-            if members.scrapers.contains_key(&e.addr) {
+            if scrapers.contains_key(&e.addr) {
                 continue;
             }
+            let dialect = dialect_of(engines, &e.addr);
             // Fresh signals may show room for requests waiting in line.
             let admission = Arc::clone(&self.admission);
             let metrics = metrics.endpoint(&self.name, &e.addr);
             let scraper = signals::spawn_reporting_scraper(
                 Arc::clone(e),
-                scrape,
+                signals::ScrapeConfig { dialect, ..scrape },
                 client.clone(),
                 move |_, report| {
                     metrics.observe_scrape(report);
                     admission.wake()
                 },
             );
-            members.scrapers.insert(Arc::clone(&e.addr), scraper);
+            scrapers.insert(Arc::clone(&e.addr), (scraper, dialect));
+        }
+        for gone in old
+            .iter()
+            .filter(|o| !endpoints.iter().any(|e| e.addr == o.addr))
+        {
+            forget_when_idle(
+                Arc::clone(gone),
+                Arc::downgrade(&self.picker),
+                metrics.endpoint_series(),
+                Arc::clone(&self.name),
+            );
         }
         self.picker.replace_endpoints(endpoints);
         // Newcomers may have room for requests waiting in line.
@@ -250,6 +302,32 @@ impl Runtime {
                         == picker::Health::Healthy)
         })
     }
+}
+
+/// How often a replica that left is checked for requests still running.
+const LEAVER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Drop a departed replica's metric series once its last request ends
+/// (requests hold its endpoint), unless it came back meanwhile: a fleet
+/// that churns through pod IPs must not grow `/metrics` for ever.
+fn forget_when_idle(
+    gone: Arc<Endpoint>,
+    picker: std::sync::Weak<picker::Picker>,
+    series: EndpointSeries,
+    pool: Arc<str>,
+) {
+    tokio::spawn(async move {
+        // This task's own reference is the last one when nothing else runs.
+        while Arc::strong_count(&gone) > 1 {
+            tokio::time::sleep(LEAVER_CHECK_INTERVAL).await;
+        }
+        let back = picker
+            .upgrade()
+            .is_some_and(|p| p.endpoints().iter().any(|e| e.addr == gone.addr));
+        if !back {
+            series.forget(&pool, &gone.addr);
+        }
+    });
 }
 
 impl Drop for Runtime {

@@ -1,5 +1,6 @@
 //! What the process does on signals: SIGINT and SIGTERM stop it (a second
-//! one during the drain stops it at once), SIGHUP reloads the config file.
+//! one during the drain stops it at once), SIGHUP reloads the config file;
+//! and the one path every new config takes, from a file or a cluster object.
 
 use std::path::Path;
 
@@ -100,38 +101,83 @@ pub fn problems(
     problems
 }
 
+/// What a reload changes besides the config: the gateway, the simulated
+/// fleets and the Kubernetes watches.
+pub struct Running<'a> {
+    pub gateway: &'a gateway::Gateway,
+    pub fleets: &'a mut Fleets,
+    pub discoveries: &'a mut infergate_kube::Discoveries,
+}
+
 /// Read the config file again and put it in force. A file that does not
 /// load, validate or apply is logged and changes nothing. `why`: what
 /// asked for the reload, for the log.
-pub async fn reload(
-    gateway: &gateway::Gateway,
-    path: Option<&Path>,
-    overrides: &Overrides,
-    fleets: &mut Fleets,
-    why: &str,
-) {
+pub async fn reload(running: Running<'_>, path: Option<&Path>, overrides: &Overrides, why: &str) {
     let Some(path) = path else {
-        tracing::info!("{why}: the demo has no config file to reload");
+        tracing::info!("{why}: no config file to reload");
         return;
     };
-    let loaded = async {
-        let mut config = config::load_file_with(path, problems)?;
+    let loaded = config::load_file_with(path, problems);
+    let source = path.display().to_string();
+    let _ = put_in_force(running, loaded, overrides, &source, why).await;
+}
+
+/// Put a config document (an `InferenceGatewayConfig` object as read from
+/// a cluster) in force, as a file reload would. Returns every problem,
+/// one per line, when it is refused; the running config then stays.
+pub async fn apply_document(
+    running: Running<'_>,
+    document: &str,
+    overrides: &Overrides,
+    source: &str,
+    why: &str,
+) -> Result<(), String> {
+    let loaded = config::from_yaml_with(document, problems);
+    put_in_force(running, loaded, overrides, source, why).await
+}
+
+/// The one path every change of config takes after it is read: validate
+/// with the command line's overrides, start simulated fleets and watches it
+/// names, apply, count and log. Anything that fails changes nothing.
+async fn put_in_force(
+    running: Running<'_>,
+    loaded: Result<config::InferenceGatewayConfig, config::ConfigError>,
+    overrides: &Overrides,
+    source: &str,
+    why: &str,
+) -> Result<(), String> {
+    let Running {
+        gateway,
+        fleets,
+        discoveries,
+    } = running;
+    let applied = async {
+        let mut config = loaded?;
         overrides.apply(&mut config);
         let mut config = config::validated(config)?;
+        discoveries.prepare(&config).await?;
         let prepared = fleets.prepare(&mut config).await?;
         gateway.apply(&config)?;
         fleets.commit(prepared);
+        discoveries.sync(&config, gateway);
         anyhow::Ok(())
     };
-    let result = loaded.await;
+    let result = applied.await;
     gateway.count_reload(result.is_ok());
     match result {
-        Ok(()) => tracing::info!(path = %path.display(), trigger = why, "config reloaded"),
-        Err(e) => tracing::error!(
-            path = %path.display(),
-            trigger = why,
-            error = %format!("{e:#}"),
-            "reload refused; the running config stays in force"
-        ),
+        Ok(()) => {
+            tracing::info!(%source, trigger = why, "config reloaded");
+            Ok(())
+        }
+        Err(e) => {
+            let problems = format!("{e:#}");
+            tracing::error!(
+                %source,
+                trigger = why,
+                error = %problems,
+                "reload refused; the running config stays in force"
+            );
+            Err(problems)
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! crate that does the work.
 
 mod keys;
+mod kubernetes;
 mod lifecycle;
 mod simulated;
 
@@ -69,8 +70,19 @@ enum Command {
     /// on 127.0.0.1:8080 in front of a simulated H100/A10G fleet.
     Serve {
         /// An InferenceGatewayConfig YAML document.
-        #[arg(long, short)]
+        #[arg(long, short, conflicts_with = "kubernetes")]
         config: Option<PathBuf>,
+        /// Read the config from an InferenceGatewayConfig object in the
+        /// cluster and apply every change to it live; its status says
+        /// whether each version was accepted (docs/kubernetes.md).
+        #[arg(long)]
+        kubernetes: bool,
+        /// The object's namespace (default: the client's, in a pod its own).
+        #[arg(long, requires = "kubernetes")]
+        namespace: Option<String>,
+        /// The object's name.
+        #[arg(long, requires = "kubernetes", default_value = config::defaults::KUBERNETES_CONFIG_NAME)]
+        name: String,
         /// Listen on this address instead of the first listener's
         /// (port 0: any free port).
         #[arg(long, value_name = "HOST:PORT")]
@@ -88,6 +100,10 @@ enum Command {
         #[arg(long, short, value_name = "FILE")]
         config: PathBuf,
     },
+    /// Print the CustomResourceDefinition of InferenceGatewayConfig
+    /// (YAML), generated from the config's types; deploy/kubernetes/crd.yaml
+    /// holds it.
+    Crd,
     /// Make API keys for spec.auth.apiKeys.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
@@ -123,10 +139,24 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve {
                 config,
+                kubernetes,
+                namespace,
+                name,
                 listen,
                 admin_listen,
-            } => serve(log_format, config, listen, admin_listen).await,
+            } => {
+                let source = match (config, kubernetes) {
+                    (_, true) => Source::Kubernetes { namespace, name },
+                    (Some(path), false) => Source::File(path),
+                    (None, false) => Source::Demo,
+                };
+                serve(log_format, source, listen, admin_listen).await
+            }
             Command::Check { config } => Ok(check(&config)),
+            Command::Crd => {
+                print!("{}", infergate_kube::crd::manifest());
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Keys(command) => keys::run(command).map(|()| ExitCode::SUCCESS),
             Command::Sim(args) => sim::cli::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => bench::cli::run(args).await.map(|()| ExitCode::SUCCESS),
@@ -159,16 +189,45 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
+/// Where `serve` reads its config.
+enum Source {
+    Demo,
+    File(PathBuf),
+    Kubernetes {
+        namespace: Option<String>,
+        name: String,
+    },
+}
+
 async fn serve(
     log_format: LogFormat,
-    path: Option<PathBuf>,
+    source: Source,
     listen: Option<String>,
     admin_listen: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    let demo = path.is_none();
-    let mut config = match &path {
-        Some(p) => config::load_file_with(p, lifecycle::problems)?,
-        None => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),
+    let demo = matches!(source, Source::Demo);
+    let path = match &source {
+        Source::File(p) => Some(p.clone()),
+        _ => None,
+    };
+    let (mut cluster, first) = match source {
+        Source::Kubernetes { namespace, name } => {
+            let (cluster, first) = kubernetes::Cluster::connect(namespace, Some(name)).await?;
+            (Some(cluster), Some(first))
+        }
+        _ => (None, None),
+    };
+    let mut config = match (&path, &first) {
+        (Some(p), _) => config::load_file_with(p, lifecycle::problems)?,
+        (None, Some(object)) => config::from_yaml_with(&object.document, lifecycle::problems)
+            .map_err(|e| {
+                let object = cluster
+                    .as_ref()
+                    .map(|c| c.object.as_str())
+                    .unwrap_or_default();
+                anyhow::anyhow!("InferenceGatewayConfig {object} is invalid:\n{e}")
+            })?,
+        (None, None) => config::from_yaml(DEMO_CONFIG).expect("the built-in demo config is valid"),
     };
     let overrides = Overrides {
         listen,
@@ -190,13 +249,24 @@ async fn serve(
     check_descriptor_limit(&config);
     let mut signals = Signals::install()?;
     let mut fleets = Fleets::default();
+    // Pools found in Kubernetes need a client: a clear error before
+    // anything starts when there is none.
+    let mut discoveries = infergate_kube::Discoveries::default();
+    discoveries.prepare(&config).await?;
     let prepared = fleets.prepare(&mut config).await?;
     let gateway = gateway::Gateway::start(&config).await?;
     fleets.commit(prepared);
-    gateway.set_config_source(match &path {
-        Some(p) => format!("file {}", p.display()),
-        None => "the built-in demo".to_owned(),
+    discoveries.sync(&config, &gateway);
+    gateway.set_config_source(match (&path, &cluster) {
+        (Some(p), _) => format!("file {}", p.display()),
+        (None, Some(c)) => format!("InferenceGatewayConfig {}", c.object),
+        (None, None) => "the built-in demo".to_owned(),
     });
+    if let (Some(cluster), Some(first)) = (&cluster, &first) {
+        cluster.report(first.generation, Ok(()));
+        cluster.observe(&gateway);
+    }
+    let mut refresh = tokio::time::interval(config::defaults::STATUS_REFRESH);
     if demo {
         print_demo_banner(&gateway, &config);
     }
@@ -211,8 +281,35 @@ async fn serve(
                 Signal::Reload => "SIGHUP",
             },
             () = lifecycle::changed(&mut watch) => "the file changed",
+            object = next_object(&mut cluster) => {
+                let cluster = cluster.as_ref().expect("objects come from a cluster");
+                let source = format!("InferenceGatewayConfig {}", cluster.object);
+                let running = lifecycle::Running {
+                    gateway: &gateway,
+                    fleets: &mut fleets,
+                    discoveries: &mut discoveries,
+                };
+                let verdict = lifecycle::apply_document(running, &object.document, &overrides, &source, "the object changed").await;
+                cluster.report(object.generation, verdict);
+                cluster.observe(&gateway);
+                continue;
+            }
+            _ = refresh.tick() => {
+                if let Some(cluster) = &cluster {
+                    cluster.observe(&gateway);
+                }
+                continue;
+            }
         };
-        lifecycle::reload(&gateway, path.as_deref(), &overrides, &mut fleets, why).await;
+        let running = lifecycle::Running {
+            gateway: &gateway,
+            fleets: &mut fleets,
+            discoveries: &mut discoveries,
+        };
+        lifecycle::reload(running, path.as_deref(), &overrides, why).await;
+    }
+    if let Some(cluster) = cluster.take() {
+        cluster.stop().await;
     }
     tracing::info!("shutting down: draining in-flight requests (a second signal stops at once)");
     let drained = tokio::select! {
@@ -228,6 +325,16 @@ async fn serve(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The next version of the cluster object's spec; never without one.
+async fn next_object(
+    cluster: &mut Option<kubernetes::Cluster>,
+) -> infergate_kube::config_source::ConfigObject {
+    match cluster {
+        Some(c) => c.next().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Raise the open-file limit, and say when even the raised one is short

@@ -659,3 +659,44 @@ fn an_exposed_listener_without_auth_is_refused() {
     let (code, stderr) = check(&exposed.replace("0.0.0.0:0", "127.0.0.1:0"));
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+const DISCOVERED: &str = "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n  pools:\n    - {name: a, models: [m1], endpointSelector: {namespace: ml, matchLabels: {app: vllm}, port: 8000}}\n";
+
+#[test]
+fn check_validates_discovered_pools_without_a_cluster() {
+    let cfg = write_config(DISCOVERED);
+    let out = infergate()
+        .args(["check", "--config"])
+        .arg(cfg.path())
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn serve_without_a_kubernetes_api_says_so() {
+    let cfg = write_config(DISCOVERED);
+    let home = tempfile::tempdir().unwrap();
+    let out = infergate()
+        .args(["serve", "--config"])
+        .arg(cfg.path())
+        .env("KUBECONFIG", home.path().join("missing"))
+        .env("HOME", home.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no Kubernetes API is configured"),
+        "{stderr}"
+    );
+}

@@ -269,14 +269,39 @@ fn check_bind_address(
 }
 
 fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unreadable) {
-    match (&pool.simulated, pool.endpoints.is_empty()) {
-        (Some(_), false) => p.add(path, "give either endpoints or simulated, not both"),
-        (None, true) if unreadable.was_read(&format!("{path}.simulated")) => p.add(
-            format!("{path}.endpoints"),
-            "at least one endpoint is required (or use simulated)",
+    let given: Vec<&str> = [
+        ("endpoints", !pool.endpoints.is_empty()),
+        ("simulated", pool.simulated.is_some()),
+        ("endpointSelector", pool.endpoint_selector.is_some()),
+        ("inferencePool", pool.inference_pool.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, present)| present.then_some(field))
+    .collect();
+    match given.as_slice() {
+        [] if ["simulated", "endpointSelector", "inferencePool"]
+            .iter()
+            .all(|f| unreadable.was_read(&format!("{path}.{f}"))) =>
+        {
+            p.add(
+                format!("{path}.endpoints"),
+                "at least one endpoint is required (or use simulated, endpointSelector or inferencePool)",
+            )
+        }
+        [_] | [] => {}
+        [first, second] => p.add(
+            path,
+            format!("give one of endpoints, simulated, endpointSelector and inferencePool, not both {first} and {second}"),
         ),
-        _ => {}
+        many => p.add(
+            path,
+            format!(
+                "give one of endpoints, simulated, endpointSelector and inferencePool, not {}",
+                many.join(", ")
+            ),
+        ),
     }
+    check_discovery(p, path, pool);
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (j, e) in pool.endpoints.iter().enumerate() {
         let ep = format!("{path}.endpoints[{j}]");
@@ -319,6 +344,97 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unread
             );
         }
     }
+}
+
+/// Checks of `endpointSelector` and `inferencePool` that need no cluster.
+fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
+    if let Some(s) = &pool.endpoint_selector {
+        let sp = format!("{path}.endpointSelector");
+        check_namespace(p, &format!("{sp}.namespace"), &s.namespace);
+        if s.match_labels.is_empty() {
+            p.add(
+                format!("{sp}.matchLabels"),
+                "at least one label is required (an empty selector would take every pod in the namespace)",
+            );
+        }
+        for (key, value) in &s.match_labels {
+            if let Err(e) = check_label(key, value) {
+                p.add(format!("{sp}.matchLabels.{key}"), e);
+            }
+        }
+        match (s.port, &s.port_name) {
+            (Some(_), Some(_)) => p.add(&sp, "give either port or portName, not both"),
+            (None, None) => p.add(&sp, "give the replicas' port: port (a number) or portName"),
+            (Some(0), None) => p.add(format!("{sp}.port"), "must be 1 to 65535"),
+            (None, Some(name)) if name.is_empty() || name.len() > 15 => p.add(
+                format!("{sp}.portName"),
+                format!("{name:?} is not a container port name (1 to 15 characters)"),
+            ),
+            _ => {}
+        }
+        if s.relist_interval == Some(Duration::ZERO) {
+            p.add(format!("{sp}.relistInterval"), "must be greater than 0");
+        }
+    }
+    if let Some(r) = &pool.inference_pool {
+        let rp = format!("{path}.inferencePool");
+        check_namespace(p, &format!("{rp}.namespace"), &r.namespace);
+        if !is_dns_label(&r.name, 253) {
+            p.add(
+                format!("{rp}.name"),
+                format!("{:?} is not an object name", r.name),
+            );
+        }
+        if r.relist_interval == Some(Duration::ZERO) {
+            p.add(format!("{rp}.relistInterval"), "must be greater than 0");
+        }
+    }
+    if pool.discovery().is_some() && pool.tls.is_some() {
+        p.add(
+            format!("{path}.tls"),
+            "discovered replicas are reached over plain HTTP; TLS to them is not supported yet",
+        );
+    }
+}
+
+fn check_namespace(p: &mut Problems, path: &str, namespace: &str) {
+    if !is_dns_label(namespace, 63) || namespace.contains('.') {
+        p.add(path, format!("{namespace:?} is not a namespace name"));
+    }
+}
+
+/// Lowercase letters, digits, `-` and `.`, starting and ending with a
+/// letter or digit (RFC 1123), at most `max` characters.
+fn is_dns_label(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// A label key (optional DNS prefix and `/`, then a name) and value, as
+/// Kubernetes accepts them.
+fn check_label(key: &str, value: &str) -> Result<(), String> {
+    let name_ok = |n: &str| {
+        n.len() <= 63
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && n.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && n.ends_with(|c: char| c.is_ascii_alphanumeric())
+    };
+    let (prefix, name) = key
+        .rsplit_once('/')
+        .map_or((None, key), |(p, n)| (Some(p), n));
+    if !name_ok(name) || prefix.is_some_and(|p| !is_dns_label(p, 253)) {
+        return Err(format!("{key:?} is not a label key"));
+    }
+    if !value.is_empty() && !name_ok(value) {
+        return Err(format!("{value:?} is not a label value"));
+    }
+    Ok(())
 }
 
 fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unreadable) {

@@ -9,7 +9,7 @@
 //! is the same: keys files and JWKS carry over by path or URL
 //! ([`crate::auth::Sources`]), the rest is rebuilt.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
@@ -124,6 +124,20 @@ pub struct Runtimes {
     mirror_room: Box<MirrorRoom>,
     /// Generations built so far.
     built: u64,
+    /// The replicas last found in Kubernetes, by pool: what a pool with
+    /// `endpointSelector` or `inferencePool` is built with, so a new
+    /// generation keeps them.
+    discovered: HashMap<String, Discovered>,
+    /// The pools of the generation in force that are discovered.
+    discovering: HashSet<String>,
+}
+
+/// One pool's replicas as discovery last reported them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Discovered {
+    pub addrs: Vec<String>,
+    /// Replicas whose metrics dialect is not the pool's `engine`.
+    pub engines: HashMap<String, signals::Dialect>,
 }
 
 impl Runtimes {
@@ -136,7 +150,23 @@ impl Runtimes {
             rollouts: Box::default(),
             mirror_room: Box::default(),
             built: 0,
+            discovered: HashMap::new(),
+            discovering: HashSet::new(),
         }
+    }
+
+    /// Put the replicas discovery found for `pool` in force at once, in the
+    /// generation running now and every later one. Ignored for a pool that
+    /// is not discovered in the generation in force (a watch of an older
+    /// config still winding down).
+    pub fn set_discovered(&mut self, pool: &str, discovered: Discovered, metrics: &Metrics) {
+        if !self.discovering.contains(pool) {
+            return;
+        }
+        if let Some(runtime) = self.by_name.get(pool) {
+            runtime.set_replicas(&discovered.addrs, discovered.engines.clone(), metrics);
+        }
+        self.discovered.insert(pool.to_owned(), discovered);
     }
 
     /// Build the generation `spec` describes, reusing the runtime of every
@@ -178,7 +208,16 @@ impl Runtimes {
                 Some(r) if r.fits(p) => r,
                 _ => Runtime::new(p, connect_timeout, metrics, self.workers),
             };
-            runtime.configure(p, &p.endpoints, metrics, connect_timeout, tls);
+            let found = match p.discovery() {
+                Some(_) => self.discovered.get(&p.name).cloned().unwrap_or_default(),
+                None => Discovered {
+                    addrs: p.endpoints.clone(),
+                    engines: HashMap::new(),
+                },
+            };
+            runtime.set_engines(found.engines);
+            let addrs = found.addrs;
+            runtime.configure(p, &addrs, metrics, connect_timeout, tls);
             let pool_metrics =
                 metrics.pool(p, runtime.picker(), Arc::clone(runtime.admission()) as _);
             by_name.insert(p.name.clone(), Arc::clone(&runtime));
@@ -186,6 +225,14 @@ impl Runtimes {
         }
         metrics.retain_pools(|name| by_name.contains_key(name));
         self.by_name = by_name;
+        self.discovering = spec
+            .pools
+            .iter()
+            .filter(|p| p.discovery().is_some())
+            .map(|p| p.name.clone())
+            .collect();
+        let discovering = &self.discovering;
+        self.discovered.retain(|pool, _| discovering.contains(pool));
         self.limit_store = Some(limit_store.clone());
         self.built += 1;
         let routes = ModelTable::new(&spec.pools, &pools);

@@ -55,6 +55,17 @@ fn scrape_histogram() -> Histogram {
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    member: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberOutcomeLabels {
+    member: Name,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     pool: Name,
     model: Name,
@@ -145,6 +156,11 @@ struct Families {
     tls_reloads: Family<ReloadLabels, Counter>,
     tls_expiry: Family<ListenerLabels, Gauge>,
     tls_handshake_failures: Family<ListenerLabels, Counter>,
+    discovery_up: Family<PoolLabels, Gauge>,
+    discovery_errors: Family<PoolLabels, Counter>,
+    member_up: Family<MemberLabels, Gauge>,
+    member_requests: Family<MemberOutcomeLabels, Counter>,
+    member_failovers: Family<MemberLabels, Counter>,
     /// Not exported: read by the load summary.
     outcomes: OutcomeBook,
 }
@@ -174,6 +190,11 @@ impl Families {
             tls_reloads: Family::default(),
             tls_expiry: Family::default(),
             tls_handshake_failures: Family::default(),
+            discovery_up: Family::default(),
+            discovery_errors: Family::default(),
+            member_up: Family::default(),
+            member_requests: Family::default(),
+            member_failovers: Family::default(),
             outcomes: OutcomeBook::default(),
         };
         registry.register(
@@ -276,6 +297,31 @@ impl Families {
             "TLS handshakes with clients that failed (no shared version or cipher, a refused client certificate, a client gone mid-handshake)",
             f.tls_handshake_failures.clone(),
         );
+        registry.register(
+            "infergate_discovery_up",
+            "1 while the Kubernetes watches of a pool (endpointSelector, inferencePool) reach the API server, 0 while they fail and the pool keeps its last known replicas",
+            f.discovery_up.clone(),
+        );
+        registry.register(
+            "infergate_discovery_errors",
+            "Failed lists and watches of a pool's Kubernetes discovery (each retried with backoff)",
+            f.discovery_errors.clone(),
+        );
+        registry.register(
+            "infergate_member_up",
+            "1 while a global member takes new requests (healthy or ramping back), 0 while it is out of rotation",
+            f.member_up.clone(),
+        );
+        registry.register(
+            "infergate_member_requests",
+            "Attempts to send a request to a global member, by outcome: answered, throttled (429), failed (no connection, 5xx, or cut mid-answer)",
+            f.member_requests.clone(),
+        );
+        registry.register(
+            "infergate_member_failovers",
+            "Requests that failed at a global member before its first response byte and were retried on the next member, by the member that failed",
+            f.member_failovers.clone(),
+        );
         f
     }
 }
@@ -323,6 +369,63 @@ impl Metrics {
     /// How each (pool, model)'s requests ended, for the load summary.
     pub fn outcomes(&self) -> &OutcomeBook {
         &self.families.outcomes
+    }
+
+    /// Whether the Kubernetes discovery of `pool` reaches the API server.
+    pub fn set_discovery_up(&self, pool: &str, up: bool) {
+        self.families
+            .discovery_up
+            .get_or_create(&PoolLabels {
+                pool: Name::new(pool.to_owned()),
+            })
+            .set(i64::from(up));
+    }
+
+    /// Whether global member `member` takes new requests.
+    pub fn set_member_up(&self, member: &str, up: bool) {
+        self.families
+            .member_up
+            .get_or_create(&MemberLabels {
+                member: Name::new(member.to_owned()),
+            })
+            .set(i64::from(up));
+    }
+
+    /// One attempt to send a request to global member `member`.
+    pub fn count_member_request(&self, member: &str, outcome: &'static str) {
+        self.families
+            .member_requests
+            .get_or_create(&MemberOutcomeLabels {
+                member: Name::new(member.to_owned()),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// A request that failed at `member` before any byte came back and
+    /// was retried on the next member.
+    pub fn count_member_failover(&self, member: &str) {
+        self.families
+            .member_failovers
+            .get_or_create(&MemberLabels {
+                member: Name::new(member.to_owned()),
+            })
+            .inc();
+    }
+
+    /// One failed list or watch of `pool`'s Kubernetes discovery.
+    pub fn count_discovery_error(&self, pool: &str) {
+        self.families
+            .discovery_errors
+            .get_or_create(&PoolLabels {
+                pool: Name::new(pool.to_owned()),
+            })
+            .inc();
+    }
+
+    /// The per-replica series, for removing those of replicas that left.
+    pub fn endpoint_series(&self) -> EndpointSeries {
+        EndpointSeries(self.families.clone())
     }
 
     /// Counts one attempt to put a changed config in force.
@@ -553,6 +656,23 @@ struct PoolHandles<'a> {
     retries: &'a Counter,
     /// By [`Priority`] order.
     queue_wait: &'a [Histogram; 3],
+}
+
+/// The series each replica has, by pool and address.
+#[derive(Clone)]
+pub struct EndpointSeries(Families);
+
+impl EndpointSeries {
+    /// Stop exporting the series of replica `addr` of `pool`.
+    pub fn forget(&self, pool: &str, addr: &str) {
+        let labels = EndpointLabels {
+            pool: Name::new(pool.to_owned()),
+            endpoint: Name::new(addr.to_owned()),
+        };
+        self.0.routing_decisions.remove(&labels);
+        self.0.scrape_errors.remove(&labels);
+        self.0.scrape_duration.remove(&labels);
+    }
 }
 
 /// One replica's handles.

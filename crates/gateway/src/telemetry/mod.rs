@@ -40,7 +40,8 @@ pub use gauges::FlowGauges;
 pub use labels::TenantLabel;
 pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
 pub use metrics::{
-    EndpointMetrics, ListenerTlsMetrics, Metrics, PoolMetrics, RouteMetrics, refusal_reason,
+    EndpointMetrics, EndpointSeries, ListenerTlsMetrics, Metrics, PoolMetrics, RouteMetrics,
+    refusal_reason,
 };
 pub(crate) use spans::stage_span;
 pub use spans::{SPAN_TARGET, request_span};

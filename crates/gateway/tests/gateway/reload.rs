@@ -153,3 +153,26 @@ async fn a_config_that_cannot_be_applied_leaves_the_running_one_in_force() {
     assert!(err.contains("simulated"), "{err}");
     assert_eq!(answered_by(&gw, "m").await, "a");
 }
+
+#[tokio::test]
+async fn a_change_of_listeners_or_connection_limits_asks_for_a_restart() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let b = FakeReplica::start("b", Behaviour::Echo).await;
+    let gw = Gateway::start(&config("", &pool("p", "m", &[&a])))
+        .await
+        .unwrap();
+    let mut moved = config("", &pool("p", "m", &[&b]));
+    moved.spec.listeners[0].address = "127.0.0.1:1".into();
+    moved.spec.limits.max_connections = Some(7);
+    let err = gw.apply(&moved).unwrap_err().to_string();
+    assert!(
+        err.contains("spec.listeners, spec.limits.maxConnections changed")
+            && err.contains("restart"),
+        "{err}"
+    );
+    // Nothing of it was applied: the old replica still answers.
+    assert_eq!(answered_by(&gw, "m").await, "a");
+    // The same change without the fixed parts goes through.
+    gw.apply(&config("", &pool("p", "m", &[&b]))).unwrap();
+    assert_eq!(answered_by(&gw, "m").await, "b");
+}

@@ -1,0 +1,111 @@
+//! The gateway as the place discovered replicas go, and the set of pool
+//! watches that follows the config in force.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use signals::Dialect;
+
+use crate::replicas::Replica;
+use crate::sink::{Sink, Task};
+use crate::start;
+
+impl Sink for gateway::Discovery {
+    fn replicas(&self, pool: &str, replicas: Vec<Replica>) {
+        let replicas = replicas
+            .into_iter()
+            .map(|r| {
+                let dialect = r.engine.as_deref().and_then(|label| {
+                    let found = Dialect::ALL.into_iter().find(|d| d.as_str() == label);
+                    if found.is_none() {
+                        tracing::warn!(
+                            pool,
+                            replica = %r.addr,
+                            "the pod's {} label {label:?} names no engine; the pool's engine is used",
+                            config::defaults::ENGINE_LABEL
+                        );
+                    }
+                    found
+                });
+                (r.addr, dialect)
+            })
+            .collect();
+        self.set_replicas(pool, replicas);
+    }
+
+    fn reachable(&self, pool: &str, up: bool) {
+        self.set_up(pool, up);
+    }
+
+    fn error(&self, pool: &str) {
+        self.count_error(pool);
+    }
+}
+
+/// What a pool's watch was started from: a pool whose discovery settings
+/// are unchanged keeps its watch (and its replicas) across reloads.
+#[derive(Debug, Clone, PartialEq)]
+struct Key {
+    selector: Option<config::EndpointSelector>,
+    inference_pool: Option<config::InferencePoolRef>,
+}
+
+/// The watches of every discovered pool of the config in force.
+#[derive(Default)]
+pub struct Discoveries {
+    client: Option<kube::Client>,
+    running: HashMap<String, (Key, Task)>,
+}
+
+impl Discoveries {
+    /// Use this client instead of the in-cluster or kubeconfig one.
+    pub fn with_client(client: kube::Client) -> Self {
+        Self {
+            client: Some(client),
+            running: HashMap::new(),
+        }
+    }
+
+    /// Make sure a Kubernetes client exists when `config` has discovered
+    /// pools: the clear error when none can be made comes before anything
+    /// is applied.
+    pub async fn prepare(&mut self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
+        let needed = config.spec.pools.iter().any(|p| p.discovery().is_some());
+        if needed && self.client.is_none() {
+            self.client = Some(start::client().await?);
+        }
+        Ok(())
+    }
+
+    /// Start the watches of pools new to discovery, restart those whose
+    /// settings changed, stop those that left. Call after the config is
+    /// applied to `gateway` (and [`Discoveries::prepare`] before).
+    pub fn sync(&mut self, config: &config::InferenceGatewayConfig, gateway: &gateway::Gateway) {
+        let sink: Arc<dyn Sink> = Arc::new(gateway.discovery());
+        let mut running = HashMap::new();
+        for pool in &config.spec.pools {
+            let Some(discovery) = pool.discovery() else {
+                continue;
+            };
+            let key = Key {
+                selector: pool.endpoint_selector.clone(),
+                inference_pool: pool.inference_pool.clone(),
+            };
+            let kept = self.running.remove(&pool.name).filter(|(k, _)| *k == key);
+            let entry = match (kept, &self.client) {
+                (Some(kept), _) => kept,
+                (None, Some(client)) => (
+                    key,
+                    start::follow(client.clone(), &pool.name, discovery, Arc::clone(&sink)),
+                ),
+                (None, None) => {
+                    tracing::error!(pool = %pool.name, "no Kubernetes client: the pool's replicas cannot be discovered");
+                    continue;
+                }
+            };
+            running.insert(pool.name.clone(), entry);
+        }
+        // Watches left in `self.running` stop as they drop here.
+        self.running = running;
+    }
+}
