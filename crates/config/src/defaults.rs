@@ -201,3 +201,24 @@ pub const SUMMARY_MIN_INTERVAL: Duration = Duration::from_millis(100);
 pub const SUMMARY_HEARTBEAT: Duration = Duration::from_millis(500);
 /// Error and 429 rates in a summary cover about this much recent time.
 pub const SUMMARY_RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// A global router gives up connecting to a member after this long and
+/// tries the next: a member that does not accept a connection within a
+/// second is in no state to answer soon.
+pub const GLOBAL_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reconnecting to a member's summary stream waits this long after a
+/// failure, doubling up to [`GLOBAL_RECONNECT_MAX`]: short enough that a
+/// member coming back is heard within about a second.
+pub const GLOBAL_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const GLOBAL_RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// A member down for its failures is probed (`GET /v1/models`) this
+/// often: only a probe's success brings it back, since it gets no
+/// requests.
+pub const GLOBAL_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a global router looks at its members' health (to take a
+/// silent one down, log the change and update `infergate_member_up`)
+/// when no request makes it look.
+pub const GLOBAL_HEALTH_TICK: Duration = Duration::from_millis(100);
+/// The router's own view of a member's error and 429 rates covers about
+/// this much recent time, as a member's summary does.
+pub const GLOBAL_ERROR_WINDOW: Duration = SUMMARY_RATE_WINDOW;

@@ -36,6 +36,9 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
         (&Method::GET, "/global/summary/stream") => crate::load_summary::stream(Arc::clone(&state)),
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
+        (&Method::GET, "/debug/members") => respond::json(Bytes::from(
+            crate::members::debug::page(&state.members).to_string(),
+        )),
         (&Method::GET, "/debug/rewrites") => respond::json(Bytes::from(
             state.generation().rewrites.debug_json().to_string(),
         )),
@@ -47,6 +50,7 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
             | "/metrics"
             | "/debug/pools"
             | "/debug/config"
+            | "/debug/members"
             | "/debug/rewrites"
             | "/global/summary"
             | "/global/summary/stream"),
