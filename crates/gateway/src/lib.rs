@@ -203,7 +203,7 @@ impl Gateway {
         let generation = runtimes.build(spec, &metrics)?;
         log_pools(&generation);
         let state = Arc::new(State::new(generation, metrics, &spec.limits));
-        members::Members::configure(&state, spec.global.as_ref(), spec.timeouts.idle());
+        members::configure(&state, spec.global.as_ref(), spec.timeouts.idle());
 
         let (stop, stop_rx) = watch::channel(false);
         let drain = Arc::new(Drain::new());
@@ -292,7 +292,7 @@ impl Gateway {
             .build(&config.spec, &self.state.metrics)?;
         log_pools(&generation);
         self.state.install(generation);
-        members::Members::configure(
+        members::configure(
             &self.state,
             config.spec.global.as_ref(),
             config.spec.timeouts.idle(),

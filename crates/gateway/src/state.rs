@@ -9,7 +9,7 @@ use arc_swap::ArcSwap;
 
 use crate::generation::Generation;
 use crate::load_summary::book::SummaryBook;
-use crate::members::Members;
+use crate::members::roster::Members;
 use crate::request_body::BodyBudget;
 use crate::telemetry::Metrics;
 use crate::telemetry::decisions::DecisionFeed;

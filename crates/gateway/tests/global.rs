@@ -9,7 +9,6 @@
 //!   residency-pinned request never spills (503 naming the reason).
 
 #[path = "support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::collections::BTreeMap;
@@ -305,7 +304,7 @@ spec:
             .unwrap();
     }
 
-    let answers = answers.lock();
+    let answers = std::mem::take(&mut *answers.lock());
     let failed: Vec<_> = answers.iter().filter(|a| a.2.is_err()).collect();
     assert!(
         failed.is_empty(),
@@ -347,7 +346,6 @@ spec:
     assert!(early.0 < full.0, "no ramp: {early:?} then {full:?}");
     assert!(early.0 < 0.25, "took too much at once: {early:?}");
     assert!(full.0 > 0.15, "never came back to its share: {full:?}");
-    drop(answers);
     router.shutdown().await;
     back.shutdown().await;
     for m in members.into_iter().flatten() {

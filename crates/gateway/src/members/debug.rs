@@ -7,7 +7,7 @@ use std::time::Instant;
 use global::Verdict;
 use serde_json::{Value, json};
 
-use super::Members;
+use super::roster::Members;
 
 pub fn page(members: &Members) -> Value {
     let Some(roster) = members.roster() else {

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri, header};
 
 use super::body::MemberBody;
-use super::member::{InFlight, Member, Outcome};
-use super::{Choice, Roster, noted};
+use super::member::{InFlight, Member, Outcome, noted};
+use super::roster::Choice;
 use crate::body::ResponseBody;
 use crate::error::ApiError;
 use crate::generation::Generation;
@@ -92,7 +92,7 @@ pub async fn forward(
         );
         let in_flight = InFlight::new(Arc::clone(member));
         let send = roster
-            .client()
+            .client
             .request(request.method.clone(), &url)
             .headers(sent_headers)
             .body(body)
@@ -209,10 +209,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
-}
-
-impl Roster {
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
-    }
 }

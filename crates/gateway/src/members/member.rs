@@ -223,3 +223,32 @@ impl Drop for InFlight {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+/// Log a change of a member's health and update its gauge.
+pub fn noted(member: &Member, transition: Option<Transition>, metrics: &crate::telemetry::Metrics) {
+    let Some(transition) = transition else {
+        return;
+    };
+    let name = member.name();
+    match transition {
+        Transition::WentDown(reason) => {
+            tracing::warn!(
+                member = name,
+                reason = reason.as_str(),
+                "global member out of rotation: it gets no new requests"
+            );
+            metrics.set_member_up(name, false);
+        }
+        Transition::CameBack => {
+            tracing::info!(
+                member = name,
+                "global member recovered: back in rotation, its share ramping up"
+            );
+            metrics.set_member_up(name, true);
+        }
+        Transition::FullyBack => {
+            tracing::info!(member = name, "global member fully back: ramp-up finished");
+            metrics.set_member_up(name, true);
+        }
+    }
+}

@@ -12,7 +12,9 @@
 //! - [`forward`]: a request for a model no local pool serves, sent to the
 //!   member the picker chooses and retried on the next one only when it
 //!   failed before the first response byte.
-//! - [`debug`]: `/debug/members`.
+//! - [`roster`]: the members in force, kept in the gateway's state, and
+//!   the member pick.
+//! - [`debug`](mod@debug): the page `/debug/members`.
 //!
 //! The roster lives as long as the gateway: a reload that keeps a member
 //! unchanged keeps its health and summary.
@@ -21,221 +23,68 @@ pub mod body;
 pub mod debug;
 pub mod forward;
 pub mod member;
+pub mod roster;
 mod watch;
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwapOption;
-use global::health::Transition;
-use global::pick::Demand;
-use global::{Candidate, NoMember, Verdict};
-
 use crate::state::State;
 use member::Member;
+use roster::Roster;
 
 /// Header a caller may send to hold its request to members carrying one
 /// of the listed residency tags (comma-separated), honoured only when its
 /// tenant has `residencyHeader: true`.
 pub const RESIDENCY_HEADER: &str = "x-infergate-residency";
 
-/// Every member, and the tasks watching them; empty without `spec.global`.
-#[derive(Default)]
-pub struct Members {
-    roster: ArcSwapOption<Roster>,
-}
-
-pub struct Roster {
-    pub global: config::Global,
-    idle: Duration,
-    pub members: Vec<Arc<Member>>,
-    client: reqwest::Client,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Roster {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
+/// Put `spec.global` in force: watch its members (keeping the state
+/// of those that did not change). Must run on the gateway's runtime.
+/// `idle` bounds the wait for each chunk of a member's answer.
+pub fn configure(state: &Arc<State>, global: Option<&config::Global>, idle: Duration) {
+    let members = &state.members;
+    let old = members.roster();
+    if old.as_ref().map(|r| (&r.global, r.idle)) == global.map(|g| (g, idle)) {
+        return;
     }
-}
-
-/// The members a request may go to, in order: the picker's choice first,
-/// then the others of its preference group for retries.
-pub struct Choice {
-    pub order: Vec<Arc<Member>>,
-    /// The request spilled to the fallback tier.
-    pub fallback: bool,
-    pub score: f64,
-}
-
-impl Members {
-    /// Put `spec.global` in force: watch its members (keeping the state
-    /// of those that did not change). Must run on the gateway's runtime.
-    /// `idle` bounds the wait for each chunk of a member's answer.
-    pub fn configure(state: &Arc<State>, global: Option<&config::Global>, idle: Duration) {
-        let members = &state.members;
-        let old = members.roster.load_full();
-        if old.as_ref().map(|r| (&r.global, r.idle)) == global.map(|g| (g, idle)) {
-            return;
-        }
-        let Some(global) = global else {
-            members.roster.store(None);
-            return;
-        };
-        let now = Instant::now();
-        let kept = |spec: &config::Member| {
-            old.as_ref()
-                .filter(|o| o.global.failover == global.failover)
-                .and_then(|o| o.members.iter().find(|m| &m.spec == spec))
-                .cloned()
-        };
-        let list: Vec<Arc<Member>> = global
-            .members
-            .iter()
-            .map(|spec| {
-                kept(spec)
-                    .unwrap_or_else(|| Arc::new(Member::new(spec.clone(), &global.failover, now)))
-            })
-            .collect();
-        let client = match watch::client(idle) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot build the HTTP client for global members");
-                return;
-            }
-        };
-        let weak: Weak<State> = Arc::downgrade(state);
-        let tasks = watch::spawn(&weak, &list, &client);
-        for m in &list {
-            tracing::info!(member = m.name(), url = %m.spec.url, kind = m.spec.kind.as_str(),
-                tier = m.spec.tier.as_str(), summaries = m.spec.admin_url.is_some(), "global member");
-        }
-        members.roster.store(Some(Arc::new(Roster {
-            global: global.clone(),
-            idle,
-            members: list,
-            client,
-            tasks,
-        })));
-    }
-
-    pub fn roster(&self) -> Option<Arc<Roster>> {
-        self.roster.load_full()
-    }
-
-    /// Some member serves `model` (healthy or not): requests for it that
-    /// no local pool takes go to the members.
-    pub fn serves(&self, model: &str) -> bool {
-        self.roster
-            .load()
-            .as_ref()
-            .is_some_and(|r| r.members.iter().any(|m| m.model_for(model).is_some()))
-    }
-
-    /// Some member takes requests now (for readiness).
-    pub fn any_up(&self) -> Option<bool> {
-        let roster = self.roster.load();
-        let roster = roster.as_ref()?;
-        let now = Instant::now();
-        Some(
-            roster
-                .members
-                .iter()
-                .any(|m| !matches!(m.verdict(now).0, Verdict::Unhealthy { .. })),
-        )
-    }
-}
-
-impl Roster {
-    /// The members `model` may go to, best first, or why none may.
-    pub fn choose(
-        &self,
-        model: &str,
-        residency: Option<&[String]>,
-        metrics: &crate::telemetry::Metrics,
-    ) -> Result<Choice, NoMember> {
-        let now = Instant::now();
-        let global = &self.global;
-        let snapshots: Vec<_> = self
-            .members
-            .iter()
-            .map(|m| {
-                let (_, transition) = m.verdict(now);
-                noted(m, transition, metrics);
-                (m.model_for(model), m.snapshot(now))
-            })
-            .collect();
-        let candidates: Vec<Candidate<'_>> = self
-            .members
-            .iter()
-            .zip(&snapshots)
-            .map(|(m, (mapped, snap))| Candidate {
-                name: m.name(),
-                tier: m.spec.tier,
-                residency: &m.spec.residency,
-                serves: mapped.is_some(),
-                verdict: snap.verdict,
-                load: mapped
-                    .as_deref()
-                    .and_then(|name| snap.summary.as_ref()?.models.get(name)),
-                in_flight: m.in_flight(),
-                error_rate: snap.error_rate,
-                distance: global.distance_to(m.spec.region(global)),
-                cost: m.spec.cost_per_million_tokens,
-            })
-            .collect();
-        let demand = Demand {
-            residency,
-            weights: &global.weights,
-            farthest: global.farthest(),
-            max_error_rate: global.failover.max_error_rate(),
-        };
-        let pick = global::pick(&candidates, &demand, rand::random::<f64>)?;
-        let order = std::iter::once(pick.index)
-            .chain(pick.next.iter().copied())
-            .map(|i| Arc::clone(&self.members[i]))
-            .collect();
-        Ok(Choice {
-            order,
-            fallback: pick.fallback,
-            score: pick.score,
-        })
-    }
-}
-
-/// Log a change of a member's health and update its gauge.
-pub(crate) fn noted(
-    member: &Member,
-    transition: Option<Transition>,
-    metrics: &crate::telemetry::Metrics,
-) {
-    let Some(transition) = transition else {
+    let Some(global) = global else {
+        members.replace(None);
         return;
     };
-    let name = member.name();
-    match transition {
-        Transition::WentDown(reason) => {
-            tracing::warn!(
-                member = name,
-                reason = reason.as_str(),
-                "global member out of rotation: it gets no new requests"
-            );
-            metrics.set_member_up(name, false);
+    let now = Instant::now();
+    let kept = |spec: &config::Member| {
+        old.as_ref()
+            .filter(|o| o.global.failover == global.failover)
+            .and_then(|o| o.members.iter().find(|m| &m.spec == spec))
+            .cloned()
+    };
+    let list: Vec<Arc<Member>> = global
+        .members
+        .iter()
+        .map(|spec| {
+            kept(spec).unwrap_or_else(|| Arc::new(Member::new(spec.clone(), &global.failover, now)))
+        })
+        .collect();
+    let client = match watch::client(idle) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the HTTP client for global members");
+            return;
         }
-        Transition::CameBack => {
-            tracing::info!(
-                member = name,
-                "global member recovered: back in rotation, its share ramping up"
-            );
-            metrics.set_member_up(name, true);
-        }
-        Transition::FullyBack => {
-            tracing::info!(member = name, "global member fully back: ramp-up finished");
-            metrics.set_member_up(name, true);
-        }
+    };
+    let weak: Weak<State> = Arc::downgrade(state);
+    let tasks = watch::spawn(&weak, &list, &client);
+    for m in &list {
+        tracing::info!(member = m.name(), url = %m.spec.url, kind = m.spec.kind.as_str(),
+            tier = m.spec.tier.as_str(), summaries = m.spec.admin_url.is_some(), "global member");
     }
+    members.replace(Some(Roster {
+        global: global.clone(),
+        idle,
+        members: list,
+        client,
+        tasks,
+    }));
 }
 
 /// The residency tags a request is held to: its tenant's, narrowed by

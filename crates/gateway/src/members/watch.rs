@@ -24,8 +24,7 @@ use config::defaults::{
 use global::{LoadSummary, Verdict};
 use tokio::task::JoinHandle;
 
-use super::member::{Member, Outcome};
-use super::noted;
+use super::member::{Member, Outcome, noted};
 use crate::state::State;
 
 /// Polls made before the stream is tried again.
