@@ -73,7 +73,8 @@ pub fn configure(state: &Arc<State>, global: Option<&config::Global>, idle: Dura
         }
     };
     let weak: Weak<State> = Arc::downgrade(state);
-    let tasks = watch::spawn(&weak, &list, &client);
+    let silence = global.failover.unhealthy_after();
+    let tasks = watch::spawn(&weak, &list, &client, silence);
     for m in &list {
         tracing::info!(member = m.name(), url = %m.spec.url, kind = m.spec.kind.as_str(),
             tier = m.spec.tier.as_str(), summaries = m.spec.admin_url.is_some(), "global member");

@@ -39,10 +39,14 @@ pub fn client(idle: Duration) -> reqwest::Result<reqwest::Client> {
         .build()
 }
 
+/// The tasks of one roster. A summary stream that sends nothing for
+/// `silence` (`unhealthyAfter`: the member counts as silent by then) is
+/// given up and opened again.
 pub fn spawn(
     state: &Weak<State>,
     members: &[Arc<Member>],
     client: &reqwest::Client,
+    silence: Duration,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![tokio::spawn(tick(state.clone(), members.to_vec()))];
     for m in members {
@@ -53,6 +57,7 @@ pub fn spawn(
                 Arc::clone(m),
                 client.clone(),
                 admin,
+                silence,
             )));
         }
         tasks.push(tokio::spawn(probe(
@@ -82,8 +87,13 @@ async fn tick(state: Weak<State>, members: Vec<Arc<Member>>) {
 }
 
 /// Follow the member's summaries for as long as the roster lives.
-async fn follow(state: Weak<State>, member: Arc<Member>, client: reqwest::Client, admin: String) {
-    let silence = member_silence(&state);
+async fn follow(
+    state: Weak<State>,
+    member: Arc<Member>,
+    client: reqwest::Client,
+    admin: String,
+    silence: Duration,
+) {
     let mut backoff = GLOBAL_RECONNECT_MIN;
     loop {
         if state.strong_count() == 0 {
@@ -104,17 +114,6 @@ async fn follow(state: Weak<State>, member: Arc<Member>, client: reqwest::Client
             backoff = (backoff * 2).min(GLOBAL_RECONNECT_MAX);
         }
     }
-}
-
-/// How long a stream may send nothing before it is given up:
-/// `unhealthyAfter`, the time after which the member counts as silent.
-fn member_silence(state: &Weak<State>) -> Duration {
-    state
-        .upgrade()
-        .and_then(|s| s.members.roster())
-        .map_or(config::defaults::GLOBAL_UNHEALTHY_AFTER, |r| {
-            r.global.failover.unhealthy_after()
-        })
 }
 
 /// Read the stream until it ends, fails or goes silent. `Err` when it
