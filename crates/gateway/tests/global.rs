@@ -92,6 +92,13 @@ async fn attempts_to(router: &Gateway, member: &str) -> f64 {
         .sum()
 }
 
+/// `infergate_member_up{member}`, once the router's health tick has set it.
+async fn member_up(router: &Gateway, member: &str) -> Option<f64> {
+    support::exposition::scrape(router)
+        .await
+        .get("infergate_member_up", &[("member", member)])
+}
+
 /// One streamed chat completion through the router: which member
 /// answered, and whether the stream came back whole.
 async fn stream_once(router: SocketAddr) -> (Option<String>, Result<(), String>) {
@@ -236,6 +243,17 @@ spec:
     })
     .await;
     let attempts_at_down = attempts_to(&router, "m1").await;
+    poll_until(
+        Duration::from_secs(2),
+        "infergate_member_up 0 for m1",
+        || async {
+            match member_up(&router, "m1").await {
+                Some(up) if up == 0.0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     // Time for the load to go on without it.
     let outage_from = count(&answers);
     poll_until(Duration::from_secs(10), "traffic without m1", || async {
@@ -248,8 +266,12 @@ spec:
     })
     .await;
     let attempts_later = attempts_to(&router, "m1").await;
+    let failovers = support::exposition::scrape(&router)
+        .await
+        .get("infergate_member_failovers_total", &[("member", "m1")])
+        .unwrap_or(0.0);
     println!(
-        "m1 killed: out of rotation after {:.0} ms (unhealthyAfter {} ms); attempts to it after that: {}",
+        "m1 killed: out of rotation after {:.0} ms (unhealthyAfter {} ms); attempts to it after that: {}; requests retried on another member meanwhile: {failovers}",
         down_after.as_secs_f64() * 1e3,
         UNHEALTHY_AFTER.as_millis(),
         attempts_later - attempts_at_down
@@ -284,6 +306,17 @@ spec:
             other => Err(other.to_owned()),
         }
     })
+    .await;
+    poll_until(
+        Duration::from_secs(2),
+        "infergate_member_up 1 for m1",
+        || async {
+            match member_up(&router, "m1").await {
+                Some(up) if up == 1.0 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     poll_until(
         RAMP_UP * 4,
