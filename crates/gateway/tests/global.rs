@@ -248,7 +248,7 @@ spec:
         "infergate_member_up 0 for m1",
         || async {
             match member_up(&router, "m1").await {
-                Some(up) if up == 0.0 => Ok(()),
+                Some(0.0) => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },
@@ -312,7 +312,7 @@ spec:
         "infergate_member_up 1 for m1",
         || async {
             match member_up(&router, "m1").await {
-                Some(up) if up == 1.0 => Ok(()),
+                Some(1.0) => Ok(()),
                 other => Err(format!("{other:?}")),
             }
         },
