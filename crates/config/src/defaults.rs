@@ -165,3 +165,60 @@ pub const MAX_SESSIONS: usize = 100_000;
 /// once; a copy that would exceed it is dropped (and counted), so a slow
 /// shadow pool never holds more than this many connections and bodies.
 pub const MIRROR_MAX_IN_FLIGHT: usize = 64;
+
+/// `global.weights`: what a member's score is made of. KV headroom and
+/// queue depth say most about how soon a member will answer; proximity
+/// breaks ties between members with room, and recent errors mark one in
+/// trouble before it is declared unhealthy. Cost is off unless asked for:
+/// spending less at the price of latency is the operator's call.
+pub const GLOBAL_WEIGHT_KV_HEADROOM: f64 = 0.4;
+pub const GLOBAL_WEIGHT_QUEUE_DEPTH: f64 = 0.3;
+pub const GLOBAL_WEIGHT_REGION_PROXIMITY: f64 = 0.2;
+pub const GLOBAL_WEIGHT_ERROR_RATE: f64 = 0.1;
+pub const GLOBAL_WEIGHT_COST: f64 = 0.0;
+/// `global.failover.unhealthyAfter`: a member is dropped after this long
+/// of failures or summary silence. Summaries arrive at least every
+/// [`SUMMARY_HEARTBEAT`], so 2 s is four missed heartbeats: a member that
+/// is merely slow for a moment is not dropped, a dead one is within 2 s
+/// (AWS's global tier promises 35 s).
+pub const GLOBAL_UNHEALTHY_AFTER: Duration = Duration::from_secs(2);
+/// `global.failover.rampUp`: a recovered member's share rises over a
+/// minute, long enough for its caches to warm without a herd.
+pub const GLOBAL_RAMP_UP: Duration = Duration::from_secs(60);
+/// `global.failover.maxErrorRate`: a member refusing or failing more than
+/// half of its recent requests is treated as refusing.
+pub const GLOBAL_MAX_ERROR_RATE: f64 = 0.5;
+/// A member's queue depth (requests waiting per ready replica) that
+/// scores 0 on `queueDepth`; deeper queues score 0 too.
+pub const GLOBAL_QUEUE_DEPTH_SCALE: f64 = 8.0;
+
+/// The load summary stream (`/global/summary/stream`) sends a summary at
+/// most this often however fast the load changes: ten a second tell a
+/// router of a change within 100 ms, at a cost of a few hundred bytes.
+pub const SUMMARY_MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// ... and at least this often when nothing changes, so a router can tell
+/// a quiet member from a dead one (see [`GLOBAL_UNHEALTHY_AFTER`]).
+pub const SUMMARY_HEARTBEAT: Duration = Duration::from_millis(500);
+/// Error and 429 rates in a summary cover about this much recent time.
+pub const SUMMARY_RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// A global router gives up connecting to a member after this long and
+/// tries the next: a member that does not accept a connection within a
+/// second is in no state to answer soon.
+pub const GLOBAL_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reconnecting to a member's summary stream waits this long after a
+/// failure, doubling up to [`GLOBAL_RECONNECT_MAX`]: short enough that a
+/// member coming back is heard within about a second.
+pub const GLOBAL_RECONNECT_MIN: Duration = Duration::from_millis(100);
+pub const GLOBAL_RECONNECT_MAX: Duration = Duration::from_secs(1);
+/// A member down for its failures is probed (`GET /v1/models`) this
+/// often: only a probe's success brings it back, since it gets no
+/// requests.
+pub const GLOBAL_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// How often a global router looks at its members' health (to take a
+/// silent one down, log the change and update `infergate_member_up`)
+/// when no request makes it look.
+pub const GLOBAL_HEALTH_TICK: Duration = Duration::from_millis(100);
+/// The router's own view of a member's error and 429 rates covers about
+/// this much recent time, as a member's summary does.
+pub const GLOBAL_ERROR_WINDOW: Duration = SUMMARY_RATE_WINDOW;

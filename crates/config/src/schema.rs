@@ -17,6 +17,7 @@ pub use picker::{Fallback, Policy};
 use signals::Dialect;
 
 use crate::defaults;
+use crate::global::Global;
 use crate::security::{Auth, ListenerTls, RateLimits, Tenant, UpstreamTls};
 use crate::traffic::{Mirror, Rewrite, Sessions};
 
@@ -117,6 +118,8 @@ pub struct Spec {
     pub tenants: Vec<Tenant>,
     #[serde(default)]
     pub rate_limits: RateLimits,
+    /// Local pools; may be empty when `global` has members.
+    #[serde(default)]
     pub pools: Vec<Pool>,
     /// Model rewrites and canaries; see docs/traffic.md.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -128,6 +131,9 @@ pub struct Spec {
     /// Shadow traffic: copies of requests sent to another pool.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mirrors: Vec<Mirror>,
+    /// Other gateways and endpoints this one routes to; see docs/global.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<Global>,
 }
 
 /// When the gateway calls itself ready (`/readyz`, a Kubernetes readiness

@@ -224,6 +224,14 @@ pub struct Tenant {
     /// Limits of the tenant on one model (glob → limits), on top of `limits`.
     #[serde(default)]
     pub model_limits: BTreeMap<String, RateLimit>,
+    /// Residency tags: the tenant's requests go only to global members
+    /// that carry one of them (docs/global.md); anywhere when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub residency: Vec<String>,
+    /// Let the `x-infergate-residency` header restrict a request's
+    /// members further (it can never widen `residency`).
+    #[serde(default)]
+    pub residency_header: bool,
 }
 
 impl Tenant {

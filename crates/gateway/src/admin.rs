@@ -1,6 +1,7 @@
 //! The admin listener: health, readiness, Prometheus metrics, the state
 //! of every pool as the picker sees it, every rewrite's weights, guards
-//! and events (`/debug/rewrites`), and the fleet page (`ui/`).
+//! and events (`/debug/rewrites`), the fleet page (`ui/`), and the load
+//! summary global routers read (`/global/summary`, `load_summary.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,16 +32,28 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
             r
         }
+        (&Method::GET, "/global/summary") => crate::load_summary::get(&state),
+        (&Method::GET, "/global/summary/stream") => crate::load_summary::stream(Arc::clone(&state)),
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
+        (&Method::GET, "/debug/members") => respond::json(Bytes::from(
+            crate::members::debug::page(&state.members).to_string(),
+        )),
         (&Method::GET, "/debug/rewrites") => respond::json(Bytes::from(
             state.generation().rewrites.debug_json().to_string(),
         )),
         (&Method::GET, path) if ui::serves(path) => ui::get(&state, &req),
         (
             _,
-            path @ ("/healthz" | "/readyz" | "/metrics" | "/debug/pools" | "/debug/config"
-            | "/debug/rewrites"),
+            path @ ("/healthz"
+            | "/readyz"
+            | "/metrics"
+            | "/debug/pools"
+            | "/debug/config"
+            | "/debug/members"
+            | "/debug/rewrites"
+            | "/global/summary"
+            | "/global/summary/stream"),
         ) => ApiError::method_not_allowed(&req.method, path).into_response(),
         (_, path) if ui::serves(path) => {
             ApiError::method_not_allowed(&req.method, path).into_response()

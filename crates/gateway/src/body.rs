@@ -35,6 +35,11 @@ pub fn empty() -> ResponseBody {
 pub enum ResponseBody {
     Full(Option<Bytes>),
     Proxied(Box<ProxiedBody>),
+    /// Chunks a task of the gateway's sends as it makes them (the load
+    /// summary stream); dropping the body tells the task to stop.
+    Lines(tokio::sync::mpsc::Receiver<Bytes>),
+    /// A global member's answer (members/body.rs).
+    Member(Box<crate::members::body::MemberBody>),
 }
 
 pub struct ProxiedBody {
@@ -117,12 +122,18 @@ impl Body for ResponseBody {
         match self.get_mut() {
             ResponseBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
             ResponseBody::Proxied(p) => p.poll_frame(cx),
+            ResponseBody::Lines(lines) => {
+                lines.poll_recv(cx).map(|l| l.map(|l| Ok(Frame::data(l))))
+            }
+            ResponseBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ResponseBody::Full(bytes) => bytes.is_none(),
+            ResponseBody::Lines(_) => false,
+            ResponseBody::Member(m) => m.is_end_stream(),
             ResponseBody::Proxied(p) => {
                 p.ended
                     || (p.first.is_none()
@@ -136,6 +147,8 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
+            ResponseBody::Lines(_) => SizeHint::default(),
+            ResponseBody::Member(m) => m.size_hint(),
             // An SSE body may end with an error event of its own.
             ResponseBody::Proxied(p) if p.sse => SizeHint::default(),
             ResponseBody::Proxied(p) => {

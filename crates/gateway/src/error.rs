@@ -315,6 +315,20 @@ impl ApiError {
         }
     }
 
+    /// No global member may take the request (none serves the model in
+    /// the residency it is held to, or they are all down): `why` says.
+    pub fn no_member(why: &str) -> Self {
+        Self {
+            code: Some("no_member"),
+            retry_after: Some(Duration::from_secs(1)),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!("No global member can take the request: {why}."),
+            )
+        }
+    }
+
     pub fn upstream_timeout(pool: &str) -> Self {
         Self {
             code: Some("upstream_timeout"),

@@ -16,6 +16,8 @@ pub mod fuzzing;
 mod generation;
 mod headers;
 mod limits;
+mod load_summary;
+mod members;
 mod mirror;
 pub mod pipeline;
 mod pool;
@@ -201,6 +203,7 @@ impl Gateway {
         let generation = runtimes.build(spec, &metrics)?;
         log_pools(&generation);
         let state = Arc::new(State::new(generation, metrics, &spec.limits));
+        members::configure(&state, spec.global.as_ref(), spec.timeouts.idle());
 
         let (stop, stop_rx) = watch::channel(false);
         let drain = Arc::new(Drain::new());
@@ -289,6 +292,11 @@ impl Gateway {
             .build(&config.spec, &self.state.metrics)?;
         log_pools(&generation);
         self.state.install(generation);
+        members::configure(
+            &self.state,
+            config.spec.global.as_ref(),
+            config.spec.timeouts.idle(),
+        );
         tracing::info!(pools = config.spec.pools.len(), "config applied");
         Ok(())
     }

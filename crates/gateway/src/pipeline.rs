@@ -13,7 +13,10 @@
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded
 //!    untouched but for a rewritten `model`
 //! 4. route — a rewrite may pick another model (a canary) and rewrite the
-//!    body's `model` to it (rewrite/); model name → pool (+ adapter)
+//!    body's `model` to it (rewrite/); model name → pool (+ adapter), or,
+//!    for a model no local pool serves, the global members (members/):
+//!    after stage 6 such a request is sent to the member the global
+//!    picker chooses, with retries on the next member before any byte
 //! 5. authorize — the caller's tenant (and token) may use this model
 //! 6. limit — reserve the request and its tokens on every rate limit that
 //!    applies (limits/), or refuse with 429 before it queues
@@ -52,11 +55,12 @@ use crate::record::Record;
 use crate::request::InferenceRequest;
 use crate::respond::{json, text};
 use crate::rewrite::Served;
+use crate::routes::Route;
 use crate::server::{Request, WorkerId};
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
 use crate::upstream::{self, Forwarded, REQUEST_ID};
-use crate::{headers, mirror, replica_error, request_body};
+use crate::{headers, members, mirror, replica_error, request_body};
 
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
@@ -234,17 +238,18 @@ async fn infer(
     let served_model = chosen.as_ref().map(|c| Arc::clone(&c.model));
     let model: &str = served_model.as_deref().unwrap_or(&*request.model);
     record.rewrite = chosen.map(Served::from);
-    let route = match route_span.in_scope(|| generation.routes.resolve(model)) {
-        Ok(route) => route,
+    let destination = match route_span.in_scope(|| destination(state, &generation, model)) {
+        Ok(destination) => destination,
         Err(e) => {
             record.routed(state.metrics.unrouted());
             return refuse(record, e);
         }
     };
-    let pool = Arc::clone(&route.pool);
-    record.pool = Some(pool.name().clone());
-    if let Some(metrics) = pool.metrics().route(model) {
-        record.routed(metrics);
+    if let Destination::Pool(route) = destination {
+        record.pool = Some(route.pool.name().clone());
+        if let Some(metrics) = route.pool.metrics().route(model) {
+            record.routed(metrics);
+        }
     }
     // The only change the gateway makes to a body: the rewritten model,
     // in place (the parse stage has found the body's `model`).
@@ -289,6 +294,40 @@ async fn infer(
             return response;
         }
     }
+    // A model no local pool serves goes to a global member (members/),
+    // which has its own flow control: no admission here.
+    let route = match destination {
+        Destination::Pool(route) => route,
+        Destination::Members => {
+            let tenant = generation
+                .applied
+                .spec
+                .tenants
+                .iter()
+                .find(|t| *t.name == *caller.tenant);
+            let job = members::forward::MemberRequest {
+                method: &method,
+                uri: &uri,
+                body: &body,
+                outgoing: upstream::Outgoing {
+                    method: &method,
+                    uri: &uri,
+                    headers: &headers,
+                    body: &body,
+                    request_id: ids.request,
+                    traceparent: ids.traceparent,
+                    forwarded: &forwarded,
+                    caller: generation.auth.caller_fields(&caller),
+                },
+                model,
+                residency: members::residency(tenant, &headers),
+            };
+            return members::forward::forward(state, &generation, job, record)
+                .instrument(stage_span!("forward", otel.kind = "client"))
+                .await;
+        }
+    };
+    let pool = Arc::clone(&route.pool);
     // A stream charged in tokens is settled to its usage: ask for it when
     // the client did not, and keep it from the client (stream_usage.rs).
     let asked_usage = (request.stream
@@ -391,6 +430,27 @@ async fn infer(
         strip_usage,
     };
     forward(job, admitted, record).await
+}
+
+/// Where a request goes: the local pool that serves its model, or else
+/// the global members that do.
+enum Destination<'g> {
+    Pool(&'g Route),
+    Members,
+}
+
+/// Stage 4's last step: model → local pool; a model no local pool serves
+/// goes to the global members when one of them serves it.
+fn destination<'g>(
+    state: &State,
+    generation: &'g Generation,
+    model: &str,
+) -> Result<Destination<'g>, ApiError> {
+    match generation.routes.resolve(model) {
+        Ok(route) => Ok(Destination::Pool(route)),
+        Err(_) if state.members.serves(model) => Ok(Destination::Members),
+        Err(e) => Err(e),
+    }
 }
 
 /// What the forward stage needs of the request.

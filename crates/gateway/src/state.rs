@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use arc_swap::ArcSwap;
 
 use crate::generation::Generation;
+use crate::load_summary::book::SummaryBook;
+use crate::members::roster::Members;
 use crate::request_body::BodyBudget;
 use crate::telemetry::Metrics;
 use crate::telemetry::decisions::DecisionFeed;
@@ -22,6 +24,10 @@ pub struct State {
     pub decisions: Arc<DecisionFeed>,
     /// Snapshots of the request counters, taken while the page watches.
     pub traffic: Traffic,
+    /// What global routers are told of this gateway's load.
+    pub summaries: SummaryBook,
+    /// The global tier's members, when this gateway routes to any.
+    pub members: Members,
     shutting_down: AtomicBool,
     /// Where the config comes from, as `/debug/config` says it.
     pub config_source: parking_lot::Mutex<String>,
@@ -38,6 +44,8 @@ impl State {
             ),
             decisions: Arc::new(DecisionFeed::new()),
             traffic: Traffic::new(tokio::time::Instant::now()),
+            summaries: SummaryBook::default(),
+            members: Members::default(),
             shutting_down: AtomicBool::new(false),
             config_source: parking_lot::Mutex::new("the embedding program".to_owned()),
         }
@@ -54,12 +62,21 @@ impl State {
     }
 
     /// Ready to serve: not shutting down, and the pools `readyWhen` asks
-    /// for can pick. `Err` says why not.
+    /// for can pick; a router with global members and no local pool, once
+    /// a member is up. `Err` says why not.
     pub fn readiness(&self) -> Result<(), String> {
         if self.is_shutting_down() {
             return Err("shutting down".to_owned());
         }
-        self.generation.load().readiness()
+        let generation = self.generation.load();
+        if generation.pools.is_empty() {
+            return match self.members.any_up() {
+                Some(true) => Ok(()),
+                Some(false) => Err("no global member is up yet".to_owned()),
+                None => Err("no pool and no global member".to_owned()),
+            };
+        }
+        generation.readiness()
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -207,12 +207,17 @@ mod tests {
                 .contains("Model names clients may put in `model`")
         );
         assert_eq!(pool["engine"]["enum"][0], "vllm");
+        // Pools may be left out when `global` has members (checked by the
+        // config, which can say why).
         assert!(
-            spec["required"]
+            !spec["required"]
                 .as_array()
-                .unwrap()
-                .contains(&Value::from("pools"))
+                .is_some_and(|r| r.contains(&Value::from("pools")))
         );
+        let member = &spec["properties"]["global"]["properties"]["members"]["items"]["properties"];
+        assert_eq!(member["tier"]["enum"][1], "fallback");
+        let failover = &spec["properties"]["global"]["properties"]["failover"]["properties"];
+        assert_eq!(failover["unhealthyAfter"]["type"], "string");
         let status = &schema["properties"]["status"]["properties"];
         assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
         assert_eq!(

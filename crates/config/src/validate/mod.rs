@@ -9,6 +9,7 @@ use std::time::Duration;
 use picker::Weights;
 use signals::Dialect;
 
+mod global;
 mod security;
 mod tls;
 mod traffic;
@@ -132,8 +133,15 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     security::check(&mut p, spec);
     tls::check(&mut p, spec, unreadable);
 
-    if spec.pools.is_empty() {
-        p.add("spec.pools", "at least one pool is required");
+    let has_members = spec.global.as_ref().is_some_and(|g| !g.members.is_empty());
+    if spec.pools.is_empty() && !has_members && unreadable.was_read("spec.global") {
+        p.add(
+            "spec.pools",
+            "at least one pool is required (or global members to route to)",
+        );
+    }
+    if let Some(global) = &spec.global {
+        global::check(&mut p, global);
     }
     let mut pool_names: HashMap<&str, usize> = HashMap::new();
     let mut served: HashMap<&str, String> = HashMap::new();

@@ -91,6 +91,11 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
                 p.add(format!("{path}.models[{j}]"), "must not be empty");
             }
         }
+        for (j, tag) in tenant.residency.iter().enumerate() {
+            if tag.trim().is_empty() {
+                p.add(format!("{path}.residency[{j}]"), "must not be empty");
+            }
+        }
         check_limit(p, &format!("{path}.limits"), &tenant.limits);
         for (glob, limit) in &tenant.model_limits {
             check_limit(p, &format!("{path}.modelLimits[{glob:?}]"), limit);

@@ -23,6 +23,7 @@ use super::gauges::{
     FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
 };
 use super::labels::{Name, TenantLabel};
+use super::outcomes::{OutcomeBook, Outcomes};
 
 /// Request latencies: 5 ms (a fast decode step) to 60 s (a long
 /// generation), about three buckets per decade so quantiles stay within
@@ -52,6 +53,17 @@ fn scrape_histogram() -> Histogram {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberLabels {
+    member: Name,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberOutcomeLabels {
+    member: Name,
+    outcome: &'static str,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
@@ -146,6 +158,11 @@ struct Families {
     tls_handshake_failures: Family<ListenerLabels, Counter>,
     discovery_up: Family<PoolLabels, Gauge>,
     discovery_errors: Family<PoolLabels, Counter>,
+    member_up: Family<MemberLabels, Gauge>,
+    member_requests: Family<MemberOutcomeLabels, Counter>,
+    member_failovers: Family<MemberLabels, Counter>,
+    /// Not exported: read by the load summary.
+    outcomes: OutcomeBook,
 }
 
 impl Families {
@@ -175,6 +192,10 @@ impl Families {
             tls_handshake_failures: Family::default(),
             discovery_up: Family::default(),
             discovery_errors: Family::default(),
+            member_up: Family::default(),
+            member_requests: Family::default(),
+            member_failovers: Family::default(),
+            outcomes: OutcomeBook::default(),
         };
         registry.register(
             "infergate_config_reloads",
@@ -286,6 +307,21 @@ impl Families {
             "Failed lists and watches of a pool's Kubernetes discovery (each retried with backoff)",
             f.discovery_errors.clone(),
         );
+        registry.register(
+            "infergate_member_up",
+            "1 while a global member takes new requests (healthy or ramping back), 0 while it is out of rotation",
+            f.member_up.clone(),
+        );
+        registry.register(
+            "infergate_member_requests",
+            "Attempts to send a request to a global member, by outcome: answered, throttled (429), failed (no connection, 5xx, or cut mid-answer)",
+            f.member_requests.clone(),
+        );
+        registry.register(
+            "infergate_member_failovers",
+            "Requests that failed at a global member before its first response byte and were retried on the next member, by the member that failed",
+            f.member_failovers.clone(),
+        );
         f
     }
 }
@@ -330,6 +366,11 @@ impl Metrics {
         }
     }
 
+    /// How each (pool, model)'s requests ended, for the load summary.
+    pub fn outcomes(&self) -> &OutcomeBook {
+        &self.families.outcomes
+    }
+
     /// Whether the Kubernetes discovery of `pool` reaches the API server.
     pub fn set_discovery_up(&self, pool: &str, up: bool) {
         self.families
@@ -338,6 +379,38 @@ impl Metrics {
                 pool: Name::new(pool.to_owned()),
             })
             .set(i64::from(up));
+    }
+
+    /// Whether global member `member` takes new requests.
+    pub fn set_member_up(&self, member: &str, up: bool) {
+        self.families
+            .member_up
+            .get_or_create(&MemberLabels {
+                member: Name::new(member.to_owned()),
+            })
+            .set(i64::from(up));
+    }
+
+    /// One attempt to send a request to global member `member`.
+    pub fn count_member_request(&self, member: &str, outcome: &'static str) {
+        self.families
+            .member_requests
+            .get_or_create(&MemberOutcomeLabels {
+                member: Name::new(member.to_owned()),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// A request that failed at `member` before any byte came back and
+    /// was retried on the next member.
+    pub fn count_member_failover(&self, member: &str) {
+        self.families
+            .member_failovers
+            .get_or_create(&MemberLabels {
+                member: Name::new(member.to_owned()),
+            })
+            .inc();
     }
 
     /// One failed list or watch of `pool`'s Kubernetes discovery.
@@ -644,6 +717,7 @@ pub struct RouteMetrics {
     pool: Name,
     model: Name,
     requests: Family<RequestLabels, Counter>,
+    outcomes: Arc<Outcomes>,
     refused: Family<RefusedLabels, Counter>,
     retries: Counter,
     queue_wait: [Histogram; 3],
@@ -671,6 +745,7 @@ impl RouteMetrics {
         };
         Self {
             requests: f.requests.clone(),
+            outcomes: f.outcomes.of(&pool, &model),
             refused: f.refused.clone(),
             retries: shared.retries.clone(),
             queue_wait: shared.queue_wait.clone(),
@@ -700,6 +775,7 @@ impl RouteMetrics {
                 code,
             })
             .inc();
+        self.outcomes.count(code);
     }
 
     /// The gateway refused the request for `reason` (one of a fixed set).

@@ -13,6 +13,9 @@
 //!   once by the binary; [`log_writer`] writes the lines out in batches,
 //!   [`otlp`] is the span exporter.
 //!
+//! - [`outcomes`]: plain counters of how each model's requests ended,
+//!   for the load summary's error and 429 rates.
+//!
 //! The record stage (`record.rs`) is where a request's numbers are counted.
 
 mod access_log;
@@ -23,6 +26,7 @@ mod log_writer;
 pub mod logging;
 pub mod metrics;
 mod otlp;
+pub mod outcomes;
 pub mod panics;
 pub mod response;
 pub mod rollout;

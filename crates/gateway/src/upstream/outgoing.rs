@@ -48,7 +48,7 @@ impl Outgoing<'_> {
 
     /// The fields the replica receives, but `Host` (HTTP/1.1) or
     /// `:authority` (HTTP/2), which depend on the protocol.
-    fn header_map(&self) -> HeaderMap {
+    pub(crate) fn header_map(&self) -> HeaderMap {
         let replaced = [
             &REQUEST_ID,
             &TRACEPARENT,

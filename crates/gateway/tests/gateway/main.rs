@@ -15,7 +15,8 @@
 //! - [`limits`]: rate limits, locally and shared through a real Redis;
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
 //!   `https://` replicas;
-//! - [`traffic`]: rewrites and canaries, sticky sessions, mirrors.
+//! - [`traffic`]: rewrites and canaries, sticky sessions, mirrors;
+//! - [`load_summary`]: what the admin listener tells global routers.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -27,6 +28,7 @@ mod auth;
 mod fleet_page;
 mod flow;
 mod limits;
+mod load_summary;
 mod mixed_fleet;
 mod observability;
 mod picking;
