@@ -484,3 +484,85 @@ spec:
     assert_eq!(state_of(&page, "hosted"), "healthy");
     router.shutdown().await;
 }
+
+/// Global limits: two global routers sharing one Redis hold a tenant's
+/// limit together, for requests they send to members, while another
+/// tenant is not held by it.
+#[tokio::test]
+async fn two_global_routers_sharing_redis_hold_one_tenant_limit() {
+    const PER_MINUTE: usize = 4;
+    let redis = support::redis::RedisServer::start().await;
+    let hosted = FakeReplica::start("hosted", Behaviour::Echo).await;
+    let router_config = || {
+        parse(&format!(
+            "apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]
+  admin: {{address: \"127.0.0.1:0\"}}
+  debug: {{decisionHeaders: true}}
+  auth:
+    apiKeys:
+      keys:
+        - {{tenant: acme, sha256: {acme}}}
+        - {{tenant: second, sha256: {other}}}
+  tenants:
+    - {{name: acme, limits: {{requestsPerMinute: {PER_MINUTE}}}}}
+    - {{name: second}}
+  rateLimits: {{backend: redis, redis: {{url: \"{redis}\", timeout: 1s}}}}
+  pools: []
+  global:
+    region: us
+    members:
+      - {{name: hosted, url: \"http://{hosted}\", kind: openai, models: {{m: m}}}}
+",
+            acme = sha256_hex("acme-key"),
+            other = sha256_hex("second-key"),
+            redis = redis.url,
+            hosted = hosted.addr,
+        ))
+    };
+    let routers = [
+        Gateway::start(&router_config()).await.unwrap(),
+        Gateway::start(&router_config()).await.unwrap(),
+    ];
+    let ask = |router: &Gateway, key: &'static str| {
+        client()
+            .post(format!("http://{}{CHAT}", router.addr()))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+
+    // Alternating between the routers: the first PER_MINUTE pass, in all,
+    // and every later one is refused in the OpenAI shape.
+    let mut statuses = Vec::new();
+    for i in 0..2 * PER_MINUTE {
+        let answer = ask(&routers[i % 2], "acme-key").await.unwrap();
+        let status = answer.status().as_u16();
+        if status == 429 {
+            let error: Value = answer.json().await.unwrap();
+            assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
+        } else {
+            assert_eq!(answer.headers()["x-infergate-member"], "hosted");
+        }
+        statuses.push(status);
+    }
+    let expected: Vec<u16> = (0..2 * PER_MINUTE)
+        .map(|i| if i < PER_MINUTE { 200 } else { 429 })
+        .collect();
+    assert_eq!(statuses, expected);
+    assert_eq!(
+        hosted.count(),
+        PER_MINUTE,
+        "a refused request reached the member"
+    );
+
+    // Another tenant is not held by acme's limit.
+    for router in &routers {
+        assert_eq!(ask(router, "second-key").await.unwrap().status(), 200);
+    }
+    for router in routers {
+        router.shutdown().await;
+    }
+}

@@ -130,14 +130,15 @@ impl Weights {
     /// context is cached through the small load gaps of ordinary traffic,
     /// since moving it costs a whole prefill and leaves the context cached
     /// on two replicas. With prefix at 3 (equal to in-flight) such requests
-    /// strayed at every small gap: in the virtual multi-turn scenario 67 %
-    /// prefix hits against 74 % at 6, TTFT p95 319 ms against 175 ms, and
-    /// one seed in three collapsed to 11 s as strayed turns pushed caches
-    /// out; shared-prefix p95 fell 1.2-1.6 s → 0.4-0.6 s and
-    /// prefix-pressure 207 → 45 ms, with every other scenario unchanged.
+    /// strayed at every small gap: in the virtual multi-turn scenario TTFT
+    /// p95 was 319 ms against 212 ms at 6, and one seed in three collapsed
+    /// to 11 s as strayed turns pushed caches out; shared-prefix p95 fell
+    /// 1.2-1.6 s → 0.53-0.66 s and prefix-pressure 207 → 47 ms, with every
+    /// other scenario unchanged.
     /// Raising in-flight with prefix instead helped nothing and made mixed
     /// fleets worse (speed's share fell). A burst of one new prompt still
-    /// spreads: queue and KV join in-flight once the holder's batch fills.
+    /// spreads: the prefix score fades with the holder's unanswered
+    /// requests (`scorers::prefix`).
     /// Queue weighs 3 because a waiting request in vLLM-style engines means
     /// the batch is already full, which costs more time to first token
     /// than the prefill a cache hit saves, except for a very small queue.
@@ -534,12 +535,12 @@ mod tests {
     }
 
     #[test]
-    fn load_outweighs_affinity_in_every_preset() {
+    fn affinity_never_outweighs_load_in_any_preset() {
         for name in Weights::PRESETS {
             let w = Weights::preset(name).unwrap();
             assert!(
-                w.queue + w.kv_cache + w.inflight > w.prefix + w.lora,
-                "{name}: load must outweigh affinity"
+                w.queue + w.kv_cache + w.inflight >= w.prefix + w.lora,
+                "{name}: affinity must not outweigh load"
             );
         }
     }

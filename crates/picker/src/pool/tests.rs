@@ -242,8 +242,11 @@ fn retry_after_follows_the_measured_drain_rate() {
     );
 }
 
+/// Affinity weighs as much as load: a replica holding the whole prompt
+/// keeps it though busy (moving it costs a whole prefill), and loses it
+/// only when saturated, when it is no longer a candidate.
 #[test]
-fn cached_but_overloaded_replica_loses_to_an_idle_one() {
+fn cached_and_busy_replica_keeps_the_prompt_until_saturated() {
     let now = Instant::now();
     let pool = fleet(scored(), vec![busy(4, 0.75), idle()], now);
     let body = chat(
@@ -259,21 +262,23 @@ fn cached_but_overloaded_replica_loses_to_an_idle_one() {
         ..PickRequest::default()
     };
     let decision = pool.pick(&req, now, &[], &mut rng()).unwrap();
-    assert_eq!(decision.index(), 1, "{}", decision.scores_header(4));
-    let cached = decision
-        .scores
-        .iter()
-        .find(|s| s.endpoint.index == 0)
-        .unwrap();
-    assert_eq!(
-        cached.part(Scorer::Prefix),
-        1.0,
-        "the loser did hold the prompt"
-    );
+    assert_eq!(decision.index(), 0, "{}", decision.scores_header(4));
+    let [cached, idle] = [0, 1].map(|index| {
+        decision
+            .scores
+            .iter()
+            .find(|s| s.endpoint.index == index)
+            .unwrap()
+    });
+    assert_eq!(cached.part(Scorer::Prefix), 1.0);
+    assert!(cached.part(Scorer::Queue) < idle.part(Scorer::Queue));
+    assert!(cached.part(Scorer::KvCache) < idle.part(Scorer::KvCache));
 
-    // Lightly loaded, the cached replica keeps its affinity.
-    observe(&pool.endpoints()[0], busy(1, 0.3), now);
-    assert_eq!(pick_index(&pool, &req, now, &[]), 0);
+    // Saturated (queue depth 5): not a candidate, whatever it holds.
+    observe(&pool.endpoints()[0], busy(5, 0.75), now);
+    let decision = pool.pick(&req, now, &[], &mut rng()).unwrap();
+    assert_eq!(decision.index(), 1);
+    assert!(decision.scores.iter().all(|s| s.endpoint.index != 0));
 }
 
 #[test]
