@@ -97,6 +97,9 @@ pub struct Measured {
     /// was down, and over the last [`SHARE_WINDOW`] × 3 of the run.
     pub victim_share_before: Option<f64>,
     pub victim_share_down: Option<f64>,
+    /// Its share over the first [`SHARE_WINDOW`] after the restart: low
+    /// while it ramps back.
+    pub victim_share_first_back: Option<f64>,
     pub victim_share_end: Option<f64>,
     pub phases: Vec<Phase>,
     pub bins: Vec<ShareBin>,
@@ -192,6 +195,7 @@ pub fn measure(timeline: &Timeline, answers: &[Answer], samples: &[Sample]) -> M
         recovery_ms,
         victim_share_before: share(Duration::ZERO, timeline.killed_at),
         victim_share_down: share(timeline.killed_at, timeline.restarted_at),
+        victim_share_first_back: share(timeline.restarted_at, timeline.restarted_at + SHARE_WINDOW),
         victim_share_end: share(
             timeline.length.saturating_sub(SHARE_WINDOW * 3),
             timeline.length,

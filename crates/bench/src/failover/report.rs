@@ -94,11 +94,12 @@ impl FailoverReport {
                 ms(m.recovery_ms),
             ),
             (
-                format!("{victim}'s share before / while down / last 3 s"),
+                format!("{victim}'s share before / while down / first second back / last 3 s"),
                 format!(
-                    "{} / {} / {}",
+                    "{} / {} / {} / {}",
                     percent(m.victim_share_before),
                     percent(m.victim_share_down),
+                    percent(m.victim_share_first_back),
                     percent(m.victim_share_end)
                 ),
             ),
