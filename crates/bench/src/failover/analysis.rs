@@ -26,15 +26,15 @@ pub struct Timeline {
     pub members: Vec<String>,
     pub victim: String,
     /// When the victim's gateway was told to shut down.
-    #[serde(serialize_with = "super::report::seconds")]
+    #[serde(serialize_with = "super::options::seconds")]
     pub killed_at: Duration,
     /// When its new gateway was listening again.
-    #[serde(serialize_with = "super::report::seconds")]
+    #[serde(serialize_with = "super::options::seconds")]
     pub restarted_at: Duration,
-    #[serde(serialize_with = "super::report::seconds")]
+    #[serde(serialize_with = "super::options::seconds")]
     pub length: Duration,
     /// The router's `failover.unhealthyAfter`.
-    #[serde(serialize_with = "super::report::seconds")]
+    #[serde(serialize_with = "super::options::seconds")]
     pub unhealthy_after: Duration,
 }
 

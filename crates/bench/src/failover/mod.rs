@@ -11,10 +11,12 @@
 //! - [`traffic`]: the seeded load and what each request saw.
 //! - [`sampler`]: the router's own attempt counts, read from `/metrics`.
 //! - [`analysis`]: share over time, TTFT per phase, failover and recovery.
+//! - [`options`]: the run's size and the router's failover settings.
 //! - [`report`]: markdown, JSON and the share plot.
 
 pub mod analysis;
 pub mod members;
+mod options;
 mod report;
 pub mod sampler;
 mod svg;
@@ -23,58 +25,17 @@ pub mod traffic;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use options::FailoverOptions;
 pub use report::FailoverReport;
 
-use crate::scenario::Size;
 use analysis::Timeline;
 use members::{Tier, TierOptions};
 
 /// The scenario's name on the command line.
 pub const NAME: &str = "global-failover";
-
-/// How a run is set up.
-#[derive(Debug, Clone, Serialize)]
-pub struct FailoverOptions {
-    pub members: usize,
-    /// Requests per second through the router.
-    pub rate: f64,
-    /// Length of the traffic; the kill comes at a third, the restart at
-    /// two thirds.
-    #[serde(serialize_with = "report::seconds")]
-    pub length: Duration,
-    #[serde(serialize_with = "report::seconds")]
-    pub unhealthy_after: Duration,
-    #[serde(serialize_with = "report::seconds")]
-    pub ramp_up: Duration,
-    pub seed: u64,
-    /// How long a client waits for a whole answer.
-    #[serde(serialize_with = "report::seconds")]
-    pub client_timeout: Duration,
-}
-
-impl FailoverOptions {
-    /// The default run: 30 s (12 s with `--quick`), the router's default
-    /// `unhealthyAfter`, a ramp short enough to end well before the run.
-    pub fn new(size: Size, seed: u64) -> Self {
-        let (length, ramp_up) = match size {
-            Size::Full => (Duration::from_secs(30), Duration::from_secs(5)),
-            Size::Quick => (Duration::from_secs(12), Duration::from_secs(2)),
-        };
-        FailoverOptions {
-            members: 3,
-            rate: 40.0,
-            length,
-            unhealthy_after: config::defaults::GLOBAL_UNHEALTHY_AFTER,
-            ramp_up,
-            seed,
-            client_timeout: Duration::from_secs(30),
-        }
-    }
-}
 
 /// Which member is killed.
 const VICTIM: usize = 1;

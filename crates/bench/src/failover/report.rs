@@ -6,10 +6,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
-use super::FailoverOptions;
 use super::analysis::{Measured, RECOVERED_FRACTION, SHARE_WINDOW, Timeline};
+use super::options::FailoverOptions;
 
 /// One run of the scenario.
 #[derive(Debug, Clone, Serialize)]
@@ -19,11 +19,6 @@ pub struct FailoverReport {
     pub replicas_per_member: usize,
     pub timeline: Timeline,
     pub measured: Measured,
-}
-
-/// A duration as seconds in JSON.
-pub fn seconds<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
 }
 
 fn secs(d: Duration) -> String {
