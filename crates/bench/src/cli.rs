@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use crate::agreement;
+use crate::failover::{self, FailoverOptions};
 use crate::live::GatewayLauncher;
 use crate::policy;
 use crate::report;
@@ -25,7 +26,10 @@ pub struct BenchArgs {
     /// bursts of critical, standard and sheddable requests, flow control on
     /// vs off, per band), prefix-pressure, heterogeneous, multi-turn,
     /// bursty-uneven; all (the first six that the mode can run) or peers
-    /// (the last four, written for comparing routers).
+    /// (the last four, written for comparing routers); global-failover
+    /// (live mode only, run by name: three member gateways behind a global
+    /// router, one killed and restarted under streaming load; share over
+    /// time, TTFT around the failure, failover and recovery times).
     #[arg(long)]
     pub scenario: String,
     /// live: the real gateway over HTTP in front of simulated replicas;
@@ -187,6 +191,9 @@ pub enum ModeArg {
 /// Run the scenarios: each one's table goes to stdout as soon as it is
 /// done, and to `--out` if given.
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.scenario == failover::NAME {
+        return run_failover(&args).await;
+    }
     let options = args.options()?;
     let mut names = suite::names(&args.scenario, options.mode)?;
     if args.mode == ModeArg::Both {
@@ -240,6 +247,30 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 std::fs::write(&path, &spread)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// `--scenario global-failover`: its own tier and report; of the other
+/// options only `--quick`, `--seed`, `--repeat` and `--out` apply.
+async fn run_failover(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.mode != ModeArg::Live {
+        bail!("{} runs in live mode only (--mode live)", failover::NAME);
+    }
+    let size = if args.quick { Size::Quick } else { Size::Full };
+    for k in 0..args.repeat {
+        let seed = args.seed + k;
+        let report = failover::run(&FailoverOptions::new(size, seed)).await?;
+        print(&report.markdown())?;
+        if let Some(dir) = &args.out {
+            let stem = stem(failover::NAME, seed, args.repeat, "");
+            report.write(dir, &stem)?;
+            eprintln!(
+                "[{}] wrote {1}/{stem}.json, {1}/{stem}.md, {1}/{stem}.svg",
+                failover::NAME,
+                dir.display()
+            );
         }
     }
     Ok(())

@@ -12,6 +12,7 @@
 //! - [`live`]: the real gateway over HTTP with a load generator.
 //! - [`routers`]: infergate and the peer routers `--routers` compares.
 //! - [`comparison`]: which router is best in a scenario, by how much.
+//! - [`failover`]: the global tier losing a member under load.
 //! - [`stats`]: per-request outcomes and their summary.
 //! - [`report`]: JSON, markdown and SVG output.
 //! - [`suite`]: one scenario, every policy, every load.
@@ -22,6 +23,7 @@ pub mod agreement;
 pub mod capacity;
 pub mod cli;
 pub mod comparison;
+pub mod failover;
 pub mod flow;
 pub mod live;
 pub mod policy;

@@ -653,7 +653,7 @@ pub fn expand(name: &str, live: bool) -> anyhow::Result<Vec<&'static str>> {
         .map(|n| vec![n])
         .with_context(|| {
             format!(
-                "unknown scenario {name:?} (expected all, peers, {})",
+                "unknown scenario {name:?} (expected all, peers, {}, global-failover)",
                 NAMES.join(", ")
             )
         })
