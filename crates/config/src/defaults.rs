@@ -215,6 +215,16 @@ pub const GLOBAL_RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// often: only a probe's success brings it back, since it gets no
 /// requests.
 pub const GLOBAL_PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Without a `regionDistances` table, proximity is the round-trip time
+/// the router measures (`GET /v1/models`, timed) every this often; the
+/// lowest of the last [`GLOBAL_RTT_SAMPLES`] is kept, so a moment of
+/// queueing at the member does not move it.
+pub const GLOBAL_RTT_INTERVAL: Duration = Duration::from_secs(5);
+pub const GLOBAL_RTT_SAMPLES: usize = 4;
+/// A measured round trip this long or longer scores 0 on
+/// `regionProximity` (about the longest between two cloud regions); 0 ms
+/// scores 1, linearly between.
+pub const GLOBAL_RTT_FAR: Duration = Duration::from_millis(200);
 /// How often a global router looks at its members' health (to take a
 /// silent one down, log the change and update `infergate_member_up`)
 /// when no request makes it look.

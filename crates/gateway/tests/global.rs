@@ -6,7 +6,12 @@
 //!   it is back its share rises over `rampUp`, not all at once;
 //! - every primary down: requests spill to the fallback tier with the
 //!   model name mapped and the fallback's own credential, while a
-//!   residency-pinned request never spills (503 naming the reason).
+//!   residency-pinned request never spills (503 naming the reason);
+//! - every primary saturated: requests spill, a pinned one waits for its
+//!   member;
+//! - members behind relays that delay every byte: the router measures
+//!   each round trip and, without a region table, prefers the nearest;
+//! - two routers sharing a Redis hold one tenant limit.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -31,8 +36,14 @@ fn parse(yaml: &str) -> config::InferenceGatewayConfig {
 }
 
 /// A member gateway: public and admin listeners at the given addresses
-/// (port 0 for any), one pool serving `m` from `replica`.
-fn member_config(public: &str, admin: &str, replica: SocketAddr) -> config::InferenceGatewayConfig {
+/// (port 0 for any), one pool serving `m` from `replica`, with
+/// `scheduling` added to the pool's scheduling settings.
+fn member_config(
+    public: &str,
+    admin: &str,
+    replica: SocketAddr,
+    scheduling: &str,
+) -> config::InferenceGatewayConfig {
     parse(&format!(
         "apiVersion: infergate.dev/v1alpha1
 kind: InferenceGatewayConfig
@@ -41,7 +52,7 @@ spec:
   admin: {{address: \"{admin}\"}}
   shutdown: {{drainTimeout: 5s}}
   pools:
-    - {{name: p, engine: vllm, models: [m], endpoints: [\"{replica}\"], scheduling: {{metrics: {{interval: 50ms}}}}}}
+    - {{name: p, engine: vllm, models: [m], endpoints: [\"{replica}\"], scheduling: {{metrics: {{interval: 50ms}}{scheduling}}}}}
 "
     ))
 }
@@ -151,6 +162,7 @@ async fn a_member_killed_under_streaming_load_loses_nothing_and_ramps_back() {
             "127.0.0.1:0",
             "127.0.0.1:0",
             replica.local_addr(),
+            "",
         ))
         .await
         .unwrap();
@@ -296,6 +308,7 @@ spec:
         &public1.to_string(),
         &admin1.to_string(),
         replicas[1].local_addr(),
+        "",
     ))
     .await
     .unwrap();
@@ -483,6 +496,290 @@ spec:
     assert_eq!(state_of(&page, "use1"), "unhealthy");
     assert_eq!(state_of(&page, "hosted"), "healthy");
     router.shutdown().await;
+}
+
+/// A member gateway in front of one simulated replica, reached through
+/// relays that delay every byte by `one_way` each way (its data and admin
+/// listeners both): a member that far away.
+struct FarMember {
+    _replica: sim::ReplicaHandle,
+    gateway: Gateway,
+    _relays: Vec<support::delay::DelayedRelay>,
+    url: SocketAddr,
+    admin_url: SocketAddr,
+}
+
+async fn far_member(replica: sim::ReplicaHandle, scheduling: &str, one_way: Duration) -> FarMember {
+    let gateway = Gateway::start(&member_config(
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+        replica.local_addr(),
+        scheduling,
+    ))
+    .await
+    .unwrap();
+    let data = support::delay::relay(gateway.addr(), one_way).await;
+    let admin = support::delay::relay(gateway.admin_addr().unwrap(), one_way).await;
+    FarMember {
+        url: data.addr,
+        admin_url: admin.addr,
+        _replica: replica,
+        gateway,
+        _relays: vec![data, admin],
+    }
+}
+
+/// The router's measured round trip to `member`, in ms, once it has one.
+fn rtt_ms(page: &Value, member: &str) -> Option<f64> {
+    page["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == member)?["scoreParts"]["rttMs"]
+        .as_f64()
+}
+
+/// Members at three distances on the wire and no region table: the
+/// router measures each round trip, shows it, and sends requests to the
+/// nearest while the others are no less idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_region_table_the_nearest_member_by_measured_round_trip_wins() {
+    let delays = [
+        ("near", Duration::ZERO),
+        ("mid", Duration::from_millis(10)),
+        ("far", Duration::from_millis(40)),
+    ];
+    let mut members = Vec::new();
+    for (_, one_way) in delays {
+        members.push(far_member(sim_replica().await, "", one_way).await);
+    }
+    let listed: String = delays
+        .iter()
+        .zip(&members)
+        .map(|((name, _), m)| {
+            format!(
+                "      - {{name: {name}, url: \"http://{}\", adminUrl: \"http://{}\"}}\n",
+                m.url, m.admin_url
+            )
+        })
+        .collect();
+    let router = Gateway::start(&parse(&format!(
+        "apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]
+  admin: {{address: \"127.0.0.1:0\"}}
+  debug: {{decisionHeaders: true}}
+  pools: []
+  global:
+    region: here
+    weights: {{kvHeadroom: 0, queueDepth: 0.2, regionProximity: 1, errorRate: 0.1}}
+    members:
+{listed}"
+    )))
+    .await
+    .unwrap();
+    let rtts = poll_until(
+        Duration::from_secs(10),
+        "every round trip measured",
+        || async {
+            let page = debug_members(&router).await;
+            let rtts: Vec<Option<f64>> = delays.iter().map(|(n, _)| rtt_ms(&page, n)).collect();
+            let healthy = delays.iter().all(|(n, _)| state_of(&page, n) == "healthy");
+            match rtts[..] {
+                [Some(a), Some(b), Some(c)] if healthy => Ok([a, b, c]),
+                _ => Err(format!("{rtts:?} healthy: {healthy}")),
+            }
+        },
+    )
+    .await;
+    let [near, mid, far] = rtts;
+    // A round trip crosses each relay twice; the `near` member has none.
+    assert!(mid >= 20.0 && far >= 80.0, "{rtts:?}");
+    assert!(near < mid && mid < far, "{rtts:?}");
+    let exported = support::exposition::scrape(&router)
+        .await
+        .get("infergate_member_rtt_seconds", &[("member", "far")])
+        .expect("infergate_member_rtt_seconds{member=far}");
+    assert!(exported >= 0.080, "{exported}");
+
+    let mut chosen = BTreeMap::<String, usize>::new();
+    for _ in 0..12 {
+        let answer = client()
+            .post(format!("http://{}{CHAT}", router.addr()))
+            .json(&json!({"model": "m", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        let member = answer.headers()["x-infergate-member"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        *chosen.entry(member).or_default() += 1;
+    }
+    assert_eq!(chosen.get("near"), Some(&12), "{chosen:?}");
+    router.shutdown().await;
+    for m in members {
+        m.gateway.shutdown().await;
+    }
+}
+
+/// Every primary saturated by its own word: requests spill to the
+/// fallback tier with the mapped model name, a residency-pinned request
+/// still goes to its (saturated) member and is answered there, and the
+/// fallback is not used once a primary has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_every_primary_saturated_requests_spill_but_pinned_ones_wait_for_their_member() {
+    // One sequence at a time, at simulated speed: a few long answers keep
+    // a queue waiting at the replica for a second or two.
+    let slow_replica = || async {
+        sim::start_replica(
+            "127.0.0.1:0".parse().unwrap(),
+            sim::ReplicaSpec {
+                served_model_name: Some("m".into()),
+                time_scale: 2.0,
+                max_num_seqs: Some(1),
+                ..sim::ReplicaSpec::new("h100", "llama-3.1-8b")
+            },
+        )
+        .await
+        .unwrap()
+    };
+    let saturating = ", saturation: {queueDepth: 1}";
+    let use1 = far_member(slow_replica().await, saturating, Duration::ZERO).await;
+    let euw1 = far_member(slow_replica().await, saturating, Duration::ZERO).await;
+    let hosted = FakeReplica::start("hosted", Behaviour::Echo).await;
+    let router = Gateway::start(&parse(&format!(
+        "apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]
+  admin: {{address: \"127.0.0.1:0\"}}
+  debug: {{decisionHeaders: true}}
+  auth:
+    apiKeys:
+      keys:
+        - {{tenant: free, sha256: {free}}}
+        - {{tenant: acme-eu, sha256: {eu}}}
+  tenants:
+    - {{name: free}}
+    - {{name: acme-eu, residency: [eu]}}
+  pools: []
+  global:
+    region: us
+    members:
+      - {{name: use1, url: \"http://{use1}\", adminUrl: \"http://{use1_admin}\"}}
+      - {{name: euw1, url: \"http://{euw1}\", adminUrl: \"http://{euw1_admin}\", residency: [eu]}}
+      - {{name: hosted, url: \"http://{hosted}\", kind: openai, models: {{m: hosted-m}}, tier: fallback}}
+",
+        free = sha256_hex("free-key"),
+        eu = sha256_hex("eu-key"),
+        use1 = use1.url,
+        use1_admin = use1.admin_url,
+        euw1 = euw1.url,
+        euw1_admin = euw1.admin_url,
+        hosted = hosted.addr,
+    )))
+    .await
+    .unwrap();
+    let public = router.addr();
+    let saturated = |member: &'static str| {
+        let router = &router;
+        async move {
+            let page = debug_members(router).await;
+            page["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == member)
+                .and_then(|m| m["scoreParts"]["models"]["m"]["saturated"].as_bool())
+        }
+    };
+    poll_until(
+        Duration::from_secs(10),
+        "both primaries summarised",
+        || async {
+            match (saturated("use1").await, saturated("euw1").await) {
+                (Some(false), Some(false)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // Long answers sent to each member gateway directly, until its replica
+    // has a queue.
+    let long = |addr: SocketAddr| {
+        tokio::spawn(async move {
+            client()
+                .post(format!("http://{addr}{CHAT}"))
+                .json(&json!({"model": "m", "max_tokens": 300,
+                    "messages": [{"role": "user", "content": "tell me a long story"}]}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .map_err(|e| e.to_string())
+        })
+    };
+    let loaders: Vec<_> = [use1.gateway.addr(), euw1.gateway.addr()]
+        .into_iter()
+        .flat_map(|addr| (0..3).map(move |_| addr))
+        .map(long)
+        .collect();
+    poll_until(
+        Duration::from_secs(10),
+        "both primaries saturated",
+        || async {
+            match (saturated("use1").await, saturated("euw1").await) {
+                (Some(true), Some(true)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    let ask = |key: &'static str| {
+        client()
+            .post(format!("http://{public}{CHAT}"))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let spilled = ask("free-key").await.unwrap();
+    assert_eq!(spilled.status(), 200);
+    assert_eq!(spilled.headers()["x-infergate-member"], "hosted");
+    assert_eq!(spilled.headers()["x-infergate-tier"], "fallback");
+    let body: Value = serde_json::from_slice(&hosted.received()[0].body).unwrap();
+    assert_eq!(
+        body["model"], "hosted-m",
+        "the model name is the fallback's"
+    );
+
+    // Held to the EU: waits at euw1, saturated or not, and is answered.
+    let pinned = ask("eu-key").await.unwrap();
+    assert_eq!(pinned.status(), 200);
+    assert_eq!(pinned.headers()["x-infergate-member"], "euw1");
+    assert_eq!(hosted.count(), 1, "a pinned request reached the fallback");
+
+    for loader in loaders {
+        assert_eq!(loader.await.unwrap(), Ok(200), "a long answer failed");
+    }
+    poll_until(Duration::from_secs(10), "use1 has room again", || async {
+        match saturated("use1").await {
+            Some(false) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let primary = ask("free-key").await.unwrap();
+    assert_eq!(primary.status(), 200);
+    assert_ne!(primary.headers()["x-infergate-member"], "hosted");
+    assert_eq!(hosted.count(), 1);
+    router.shutdown().await;
+    use1.gateway.shutdown().await;
+    euw1.gateway.shutdown().await;
 }
 
 /// Global limits: two global routers sharing one Redis hold a tenant's

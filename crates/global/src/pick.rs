@@ -21,13 +21,19 @@
 //!   few requests in flight from this router relative to the busiest
 //!   candidate, which moves at once as requests are sent, between two
 //!   summaries;
-//! - `regionProximity`: 1 in the router's region, falling linearly to 0
-//!   at the farthest distance of the table;
+//! - `regionProximity`: from the region-distance table when it names the
+//!   member's region: 1 in the router's region, falling linearly to 0 at
+//!   the farthest distance of the table; else from the round trip the
+//!   router measured: 1 at 0 ms, falling linearly to 0 at
+//!   [`config::defaults::GLOBAL_RTT_FAR`]; before a measurement, 1 in
+//!   the router's region and 0 elsewhere;
 //! - `errorRate`: 1 minus the share of recent answers that failed or were
 //!   throttled (the worse of the member's word and the router's view);
 //! - `cost`: 1 for the cheapest candidate, 0 for the dearest.
 
-use config::defaults::GLOBAL_QUEUE_DEPTH_SCALE;
+use std::time::Duration;
+
+use config::defaults::{GLOBAL_QUEUE_DEPTH_SCALE, GLOBAL_RTT_FAR};
 use config::{GlobalWeights, Tier};
 
 use crate::health::Verdict;
@@ -53,6 +59,8 @@ pub struct Candidate<'a> {
     pub error_rate: f64,
     /// Distance from the router's region; `None` when unknown.
     pub distance: Option<f64>,
+    /// The round trip to the member as the router measured it.
+    pub rtt: Option<Duration>,
     pub cost: Option<f64>,
 }
 
@@ -217,12 +225,12 @@ fn score(candidates: &[Candidate<'_>], group: &[usize], i: usize, demand: &Deman
         }
         None => own,
     };
-    // Without a table, the router's own region is near and every other
-    // region far.
-    let proximity = match c.distance {
-        Some(d) if demand.farthest > 0.0 => 1.0 - (d / demand.farthest).min(1.0),
-        Some(d) => f64::from(u8::from(d == 0.0)),
-        None => 0.0,
+    // The table is the operator's word; without it, what the router
+    // measured; before that, its own region is near and every other far.
+    let proximity = match (c.distance, c.rtt) {
+        (Some(d), _) if demand.farthest > 0.0 => 1.0 - (d / demand.farthest).min(1.0),
+        (_, Some(rtt)) => 1.0 - (rtt.as_secs_f64() / GLOBAL_RTT_FAR.as_secs_f64()).min(1.0),
+        (d, None) => f64::from(u8::from(d == Some(0.0))),
     };
     let errors = 1.0 - recent_failure_rate(c);
     let costs = group.iter().map(|&j| candidates[j].cost.unwrap_or(0.0));
@@ -278,6 +286,7 @@ mod tests {
             in_flight: 0,
             error_rate: 0.0,
             distance: Some(0.0),
+            rtt: None,
             cost: None,
         }
     }
@@ -334,6 +343,42 @@ mod tests {
         };
         let p = pick(&[near, far], &demand(&thrifty), half).unwrap();
         assert_eq!(p.index, 1, "cheaper wins when cost outweighs proximity");
+    }
+
+    #[test]
+    fn without_a_table_the_measured_round_trip_is_the_proximity() {
+        let same = load(0.5, 0, false);
+        let w = GlobalWeights::default();
+        let no_table = Demand {
+            farthest: 0.0,
+            ..demand(&w)
+        };
+        let mut near = member("near", Some(&same));
+        let mut far = member("far", Some(&same));
+        near.rtt = Some(Duration::from_millis(2));
+        far.rtt = Some(Duration::from_millis(90));
+        let p = pick(&[far.clone(), near.clone()], &no_table, half).unwrap();
+        assert_eq!(names(&[far.clone(), near.clone()], &p).0, "near");
+        // The proximity part alone: 1 − rtt / GLOBAL_RTT_FAR.
+        let only_proximity = GlobalWeights {
+            kv_headroom: Some(0.0),
+            queue_depth: Some(0.0),
+            region_proximity: Some(1.0),
+            error_rate: Some(0.0),
+            cost: Some(0.0),
+        };
+        let alone = Demand {
+            farthest: 0.0,
+            ..demand(&only_proximity)
+        };
+        let p = pick(std::slice::from_ref(&far), &alone, half).unwrap();
+        let expected = 1.0 - 90.0 / GLOBAL_RTT_FAR.as_secs_f64() / 1e3;
+        assert!((p.score - expected).abs() < 1e-9, "{}", p.score);
+        // A table, when given, is the operator's word over a measurement.
+        far.distance = Some(0.0);
+        near.distance = Some(80.0);
+        let p = pick(&[far, near], &demand(&w), half).unwrap();
+        assert_eq!(p.index, 0, "the table says `far` is in the router's region");
     }
 
     #[test]

@@ -121,6 +121,7 @@ fn a_killed_member_stops_getting_requests_within_unhealthy_after_and_ramps_back(
                 in_flight: 0,
                 error_rate: 0.0,
                 distance: Some(0.0),
+                rtt: None,
                 cost: None,
             })
             .collect();

@@ -61,6 +61,7 @@ pub fn page(members: &Members) -> Value {
                     "inFlight": m.in_flight(),
                     "errorRate": snap.error_rate,
                     "distance": global.distance_to(m.spec.region(global)),
+                    "rttMs": snap.rtt.map(|r| r.as_secs_f64() * 1e3),
                     "costPerMillionTokens": m.spec.cost_per_million_tokens,
                     "models": models,
                 },

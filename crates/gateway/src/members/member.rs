@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use config::defaults::GLOBAL_ERROR_WINDOW;
+use config::defaults::{GLOBAL_ERROR_WINDOW, GLOBAL_RTT_SAMPLES};
 use global::health::Transition;
 use global::{LoadSummary, MemberHealth, Verdict};
 use http::HeaderValue;
@@ -50,6 +50,8 @@ struct MemberState {
     summary_at: Option<Instant>,
     /// Recent outcomes, oldest first, within [`GLOBAL_ERROR_WINDOW`].
     recent: VecDeque<(Instant, Outcome)>,
+    /// The last [`GLOBAL_RTT_SAMPLES`] measured round trips, oldest first.
+    round_trips: VecDeque<Duration>,
 }
 
 /// What `/debug/members` and the picker read of a member at one moment.
@@ -58,6 +60,8 @@ pub struct Snapshot {
     pub summary: Option<LoadSummary>,
     pub summary_age: Option<Duration>,
     pub error_rate: f64,
+    /// The round trip to the member: the lowest of the last few measured.
+    pub rtt: Option<Duration>,
 }
 
 impl Member {
@@ -80,6 +84,7 @@ impl Member {
                 summary: None,
                 summary_at: None,
                 recent: VecDeque::new(),
+                round_trips: VecDeque::new(),
             }),
         }
     }
@@ -122,6 +127,15 @@ impl Member {
         state.moved(transition)
     }
 
+    /// A measured round trip (a small request's time to its answer).
+    pub fn on_round_trip(&self, rtt: Duration) {
+        let mut state = self.state.lock();
+        if state.round_trips.len() == GLOBAL_RTT_SAMPLES {
+            state.round_trips.pop_front();
+        }
+        state.round_trips.push_back(rtt);
+    }
+
     /// The verdict now, moving the health state on.
     pub fn verdict(&self, now: Instant) -> (Verdict, Option<Transition>) {
         let mut state = self.state.lock();
@@ -151,6 +165,7 @@ impl Member {
             summary: state.summary.clone(),
             summary_age: state.summary_at.map(|at| now.saturating_duration_since(at)),
             error_rate,
+            rtt: state.round_trips.iter().min().copied(),
         }
     }
 

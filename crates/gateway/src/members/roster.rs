@@ -110,6 +110,7 @@ impl Roster {
                 in_flight: m.in_flight(),
                 error_rate: snap.error_rate,
                 distance: global.distance_to(m.spec.region(global)),
+                rtt: snap.rtt,
                 cost: m.spec.cost_per_million_tokens,
             })
             .collect();

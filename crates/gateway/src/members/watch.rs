@@ -6,8 +6,11 @@
 //!   stream is tried again after a while); reconnects with back-off. A
 //!   stream that sends nothing for longer than `unhealthyAfter` is given
 //!   up (the health state machine has judged the silence already);
-//! - a member down for its failures: probed (`GET /v1/models`), since it
-//!   gets no requests that could bring it back;
+//! - every member: `GET /v1/models`, timed every
+//!   [`GLOBAL_RTT_INTERVAL`] for the round trip that stands in for region
+//!   proximity when there is no distance table; and every
+//!   [`GLOBAL_PROBE_INTERVAL`] while the member is down for its failures,
+//!   since it gets no requests that could bring it back;
 //! - every member: the health tick, which takes a silent member down even
 //!   when no request looks, logs the change and updates its gauge.
 //!
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use config::defaults::{
     GLOBAL_CONNECT_TIMEOUT, GLOBAL_HEALTH_TICK, GLOBAL_PROBE_INTERVAL, GLOBAL_RECONNECT_MAX,
-    GLOBAL_RECONNECT_MIN, SUMMARY_HEARTBEAT,
+    GLOBAL_RECONNECT_MIN, GLOBAL_RTT_INTERVAL, SUMMARY_HEARTBEAT,
 };
 use global::{LoadSummary, Verdict};
 use tokio::task::JoinHandle;
@@ -192,16 +195,21 @@ async fn poll(member: &Member, client: &reqwest::Client, admin: &str) -> bool {
     heard
 }
 
-/// Probe the member while it is down for its failures.
+/// Time the member's round trip now and then, and probe it while it is
+/// down for its failures: only a probe's answer brings it back. A timed
+/// request that fails says nothing the requests themselves do not.
 async fn probe(state: Weak<State>, member: Arc<Member>, client: reqwest::Client) {
     let mut interval = tokio::time::interval(GLOBAL_PROBE_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_timed: Option<Instant> = None;
     loop {
         interval.tick().await;
         if state.strong_count() == 0 {
             return;
         }
-        if !member.needs_probe() {
+        let down = member.needs_probe();
+        let timing_due = last_timed.is_none_or(|at| at.elapsed() >= GLOBAL_RTT_INTERVAL);
+        if !down && !timing_due {
             continue;
         }
         let mut request = client
@@ -210,13 +218,29 @@ async fn probe(state: Weak<State>, member: Arc<Member>, client: reqwest::Client)
         if let Some(auth) = &member.authorization {
             request = request.header(http::header::AUTHORIZATION, auth.clone());
         }
-        let outcome = match request.send().await {
-            Ok(r) if !r.status().is_server_error() => Outcome::Answered,
-            _ => Outcome::Failed,
+        let sent = Instant::now();
+        let answered = match request.send().await {
+            Ok(r) => !r.status().is_server_error(),
+            Err(_) => false,
         };
-        let transition = member.on_outcome(outcome, Instant::now());
-        if let Some(state) = state.upgrade() {
-            noted(&member, transition, &state.metrics);
+        last_timed = Some(Instant::now());
+        if answered {
+            let rtt = sent.elapsed();
+            member.on_round_trip(rtt);
+            if let Some(state) = state.upgrade() {
+                state.metrics.set_member_rtt(member.name(), rtt);
+            }
+        }
+        if down {
+            let outcome = if answered {
+                Outcome::Answered
+            } else {
+                Outcome::Failed
+            };
+            let transition = member.on_outcome(outcome, Instant::now());
+            if let Some(state) = state.upgrade() {
+                noted(&member, transition, &state.metrics);
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! scraped (see [`super::gauges`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -159,6 +160,7 @@ struct Families {
     discovery_up: Family<PoolLabels, Gauge>,
     discovery_errors: Family<PoolLabels, Counter>,
     member_up: Family<MemberLabels, Gauge>,
+    member_rtt: Family<MemberLabels, Gauge<f64, AtomicU64>>,
     member_requests: Family<MemberOutcomeLabels, Counter>,
     member_failovers: Family<MemberLabels, Counter>,
     /// Not exported: read by the load summary.
@@ -193,6 +195,7 @@ impl Families {
             discovery_up: Family::default(),
             discovery_errors: Family::default(),
             member_up: Family::default(),
+            member_rtt: Family::default(),
             member_requests: Family::default(),
             member_failovers: Family::default(),
             outcomes: OutcomeBook::default(),
@@ -313,6 +316,11 @@ impl Families {
             f.member_up.clone(),
         );
         registry.register(
+            "infergate_member_rtt_seconds",
+            "Round trip to a global member as this router measures it (a small request, timed; the lowest of the last few)",
+            f.member_rtt.clone(),
+        );
+        registry.register(
             "infergate_member_requests",
             "Attempts to send a request to a global member, by outcome: answered, throttled (429), failed (no connection, 5xx, or cut mid-answer)",
             f.member_requests.clone(),
@@ -389,6 +397,16 @@ impl Metrics {
                 member: Name::new(member.to_owned()),
             })
             .set(i64::from(up));
+    }
+
+    /// The round trip to global member `member`.
+    pub fn set_member_rtt(&self, member: &str, rtt: Duration) {
+        self.families
+            .member_rtt
+            .get_or_create(&MemberLabels {
+                member: Name::new(member.to_owned()),
+            })
+            .set(rtt.as_secs_f64());
     }
 
     /// One attempt to send a request to global member `member`.

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod delay;
 pub mod exposition;
 pub mod logs;
 pub mod redis;
