@@ -12,6 +12,9 @@ pub enum FlowMode {
     /// their band's `maxWait`.
     #[default]
     On,
+    /// The defaults, except that every band fills a replica's queue to
+    /// the same bound (`queueShare: 1`): no places left for critical.
+    Flat,
     /// Every band `maxWait: 0s`: refused at once while the pool is
     /// saturated, as a gateway without a queue does.
     Off,
@@ -21,6 +24,7 @@ impl FlowMode {
     pub fn as_str(self) -> &'static str {
         match self {
             FlowMode::On => "on",
+            FlowMode::Flat => "flat",
             FlowMode::Off => "off",
         }
     }

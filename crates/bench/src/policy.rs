@@ -188,10 +188,14 @@ pub fn gateway_config(
     let defaults = config::FlowControl::default();
     let band = |band: config::Priority| {
         let wait = match policy.flow {
-            FlowMode::On => defaults.band(band).max_wait(band),
+            FlowMode::On | FlowMode::Flat => defaults.band(band).max_wait(band),
             FlowMode::Off => Duration::ZERO,
         };
-        json!({"maxWait": pool.scaled(wait)})
+        let share = match policy.flow {
+            FlowMode::Flat => 1.0,
+            FlowMode::On | FlowMode::Off => defaults.band(band).queue_share(band),
+        };
+        json!({"maxWait": pool.scaled(wait), "queueShare": share})
     };
     let mut scheduling = json!({
         "policy": policy.policy,
@@ -388,10 +392,21 @@ mod tests {
         assert_ne!(off, scored);
         assert_eq!(off.to_string(), "scored");
         let (_, off) = gateway_config(&off, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let flat = scored.clone().with_flow(FlowMode::Flat);
+        let (_, flat) = gateway_config(&flat, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
         let defaults = config::FlowControl::default();
         for band in config::Priority::ALL {
             let default = defaults.band(band).max_wait(band);
             assert_eq!(on.spec.flow_control.band(band).max_wait(band), default / 2);
+            assert_eq!(
+                flat.spec.flow_control.band(band).max_wait(band),
+                default / 2
+            );
+            assert_eq!(
+                on.spec.flow_control.band(band).queue_share(band),
+                defaults.band(band).queue_share(band)
+            );
+            assert_eq!(flat.spec.flow_control.band(band).queue_share(band), 1.0);
             assert_eq!(
                 off.spec.flow_control.band(band).max_wait(band),
                 Duration::ZERO

@@ -596,7 +596,7 @@ impl ScenarioReport {
         let bar_w = (group_w * 0.8 / runs.len().max(1) as f64).min(60.0);
 
         let mut svg = chart_open(&format!(
-            "{}: TTFT p99 per band, flow control on vs off ({} mode)",
+            "{}: TTFT p99 per band, by flow-control mode ({} mode)",
             self.scenario, self.mode
         ));
         let mut tick = 0.0;

@@ -582,6 +582,9 @@ fn pick(
         context_tokens: 0,
         explain: false,
         session: request.session,
+        // One band, filling replicas to the pool's bound (live runs put
+        // the bench's requests in `standard`, which stops short of it).
+        queue_share: None,
     };
     pool.pick(&pick, now, &[], rng)
 }

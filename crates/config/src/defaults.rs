@@ -65,6 +65,16 @@ pub const FLOW_CRITICAL_MAX_WAIT: Duration = Duration::from_secs(30);
 pub const FLOW_STANDARD_MAX_WAIT: Duration = Duration::from_secs(10);
 /// `flowControl.sheddable.maxWait`: sheddable requests never wait.
 pub const FLOW_SHEDDABLE_MAX_WAIT: Duration = Duration::ZERO;
+/// `flowControl.<band>.queueShare`: the share of a replica's saturation
+/// queue depth (`saturation.queueDepth`) that requests of the band may
+/// fill. The lower bands stop short of the bound, so a burst of them
+/// leaves the last places of every engine queue to critical requests,
+/// which then go straight to a replica, behind a short queue, instead of
+/// waiting for room behind the bulk. With the default depth of 5:
+/// critical fills to 5 waiting, standard to 3, sheddable to 2.
+pub const FLOW_CRITICAL_QUEUE_SHARE: f64 = 1.0;
+pub const FLOW_STANDARD_QUEUE_SHARE: f64 = 0.6;
+pub const FLOW_SHEDDABLE_QUEUE_SHARE: f64 = 0.4;
 
 /// `telemetry.otlp.serviceName`.
 pub const OTLP_SERVICE_NAME: &str = "infergate";

@@ -185,6 +185,9 @@ pub struct BandLimits {
     #[serde(default, with = "humantime_serde")]
     #[schemars(schema_with = "crate::json_schema::duration")]
     pub max_wait: Option<Duration>,
+    /// Share (0–1] of a replica's saturation queue depth this band may
+    /// fill; the rest is left to the bands above it.
+    pub queue_share: Option<f64>,
 }
 
 impl BandLimits {
@@ -200,6 +203,13 @@ impl BandLimits {
             Priority::Critical => defaults::FLOW_CRITICAL_MAX_WAIT,
             Priority::Standard => defaults::FLOW_STANDARD_MAX_WAIT,
             Priority::Sheddable => defaults::FLOW_SHEDDABLE_MAX_WAIT,
+        })
+    }
+    pub fn queue_share(&self, priority: Priority) -> f64 {
+        self.queue_share.unwrap_or(match priority {
+            Priority::Critical => defaults::FLOW_CRITICAL_QUEUE_SHARE,
+            Priority::Standard => defaults::FLOW_STANDARD_QUEUE_SHARE,
+            Priority::Sheddable => defaults::FLOW_SHEDDABLE_QUEUE_SHARE,
         })
     }
 }

@@ -199,6 +199,7 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
         context_tokens: 0,
         explain: true,
         session: None,
+        queue_share: None,
     };
     match picker.pick(&request, now, &[], &mut rand::thread_rng()) {
         Ok(decision) => Typical {

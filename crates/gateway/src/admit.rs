@@ -42,6 +42,8 @@ pub struct Ticket {
     pub band: Priority,
     pub key: FlowKey,
     pub bytes: u64,
+    /// Share of a replica's saturation queue depth the band may fill.
+    pub queue_share: f64,
     max_wait: Duration,
     max_queued: usize,
     max_queued_bytes: u64,
@@ -93,6 +95,7 @@ impl Ticket {
             band,
             key,
             bytes,
+            queue_share: limits.queue_share(band),
             max_wait: limits.max_wait(band),
             max_queued: limits.max_queued(),
             max_queued_bytes: limits.max_queued_bytes(),
@@ -111,6 +114,8 @@ pub struct OwnedPick {
     pub explain: bool,
     /// The request's session key, hashed.
     pub session: Option<u64>,
+    /// Its band's share of the saturation queue depth.
+    pub queue_share: Option<f64>,
 }
 
 impl OwnedPick {
@@ -122,6 +127,7 @@ impl OwnedPick {
             context_tokens: self.context_tokens,
             explain: self.explain,
             session: self.session,
+            queue_share: self.queue_share,
         }
     }
 }

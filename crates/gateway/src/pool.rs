@@ -132,6 +132,7 @@ impl Runtime {
             context_tokens: request.prompt_tokens + request.max_output.unwrap_or(1),
             explain,
             session: None,
+            queue_share: None,
         }
     }
 

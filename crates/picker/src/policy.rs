@@ -256,6 +256,18 @@ impl Saturation {
     pub const DEFAULT_QUEUE_DEPTH: u64 = 5;
     pub const DEFAULT_KV_CACHE: f64 = 1.0;
 
+    /// The bound for a request that may fill `share` of the queue depth
+    /// (at least one waiting request); the KV bound is the same for all.
+    pub fn for_share(self, share: Option<f64>) -> Saturation {
+        match share {
+            Some(share) if share < 1.0 => Saturation {
+                queue_depth: ((self.queue_depth as f64 * share).round() as u64).max(1),
+                ..self
+            },
+            _ => self,
+        }
+    }
+
     pub fn is_saturated(&self, waiting: Option<u64>, kv_usage: Option<f64>) -> bool {
         waiting.is_some_and(|w| w >= self.queue_depth)
             || kv_usage.is_some_and(|kv| kv >= self.kv_cache)
@@ -552,6 +564,12 @@ mod tests {
         assert!(s.is_saturated(Some(5), Some(0.1)));
         assert!(s.is_saturated(Some(0), Some(1.0)));
         assert!(!s.is_saturated(None, None), "unknown is not saturated");
+        // A band's share of the queue depth; at least one place.
+        assert!(s.for_share(Some(0.6)).is_saturated(Some(3), None));
+        assert!(!s.for_share(Some(0.6)).is_saturated(Some(2), None));
+        assert_eq!(s.for_share(Some(0.01)).queue_depth, 1);
+        assert_eq!(s.for_share(None), s);
+        assert_eq!(s.for_share(Some(1.0)), s);
     }
 
     #[test]

@@ -127,6 +127,14 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
         if band.max_queued_bytes == Some(0) {
             p.add(format!("{path}.maxQueuedBytes"), "must be at least 1");
         }
+        if let Some(share) = band.queue_share
+            && !(share > 0.0 && share <= 1.0)
+        {
+            p.add(
+                format!("{path}.queueShare"),
+                format!("must be more than 0 and at most 1, got {share}"),
+            );
+        }
     }
 
     check_telemetry(&mut p, &spec.telemetry);

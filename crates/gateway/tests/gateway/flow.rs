@@ -123,6 +123,41 @@ async fn critical_overtakes_waiting_standard_requests() {
     assert_eq!(arrival_order(&replica), ["c0", "s0", "s1", "s2"]);
 }
 
+/// With the default shares of a queue depth of 5, a replica with 3
+/// waiting is full for standard (60 %: 3) and sheddable (40 %: 2), not for
+/// critical: a critical request goes straight to it while a standard one
+/// waits in the gateway.
+#[tokio::test]
+async fn lower_bands_leave_the_last_places_of_a_replica_queue_to_critical() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = Gateway::start(&config(
+        "  admin: {address: \"127.0.0.1:0\"}\n  flowControl: {headerMayRaise: true}\n",
+        &format!(
+            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{saturation: {{queueDepth: 5}}, metrics: {{interval: 20ms, staleAfter: 2s}}}}}}\n",
+            replica.addr
+        ),
+    ))
+    .await
+    .unwrap();
+    saturate(&gw, &replica).await;
+    let standard = send(&gw, "s", None, None);
+    queued(&gw, [0, 1, 0]).await;
+    let shed = send(&gw, "x", Some("sheddable"), None).await.unwrap();
+    assert_eq!(shed.status(), 429);
+    assert_eq!(dropped_reason(&shed), Some("saturated"));
+    let critical = send(&gw, "c", Some("critical"), None).await.unwrap();
+    assert_eq!(critical.status(), 200);
+    assert_eq!(
+        arrival_order(&replica),
+        ["c"],
+        "standard went ahead of its share"
+    );
+    queued(&gw, [0, 1, 0]).await;
+    release(&replica);
+    assert_eq!(standard.await.unwrap().status(), 200);
+    assert_eq!(arrival_order(&replica), ["c", "s"]);
+}
+
 #[tokio::test]
 async fn decision_headers_report_the_queue_wait() {
     let replica = FakeReplica::start("a", Behaviour::Echo).await;

@@ -30,6 +30,10 @@ pub struct PickRequest<'a> {
     pub explain: bool,
     /// The request's session key, hashed; `None` without a session.
     pub session: Option<u64>,
+    /// Share of each replica's saturation queue depth this request may
+    /// fill (its priority band's); `None`: all of it
+    /// ([`Saturation::for_share`](crate::Saturation::for_share)).
+    pub queue_share: Option<f64>,
 }
 
 /// The chosen replica, and why.

@@ -251,6 +251,7 @@ impl ScoredPick<'_> {
         if self
             .config
             .saturation
+            .for_share(self.req.queue_share)
             .is_saturated(projected_waiting, kv_usage)
         {
             census.saturated += 1;
