@@ -593,6 +593,7 @@ spec:
     )
     .await;
     let [near, mid, far] = rtts;
+    println!("measured round trips: near {near:.1} ms, mid {mid:.1} ms, far {far:.1} ms");
     // A round trip crosses each relay twice; the `near` member has none.
     assert!(mid >= 20.0 && far >= 80.0, "{rtts:?}");
     assert!(near < mid && mid < far, "{rtts:?}");
