@@ -72,9 +72,14 @@ pub const FLOW_SHEDDABLE_MAX_WAIT: Duration = Duration::ZERO;
 /// which then go straight to a replica, behind a short queue, instead of
 /// waiting for room behind the bulk. With the default depth of 5:
 /// critical fills to 5 waiting, standard to 3, sheddable to 2.
+///
+/// The shares apply only while requests of a higher band arrive at the
+/// pool (one within [`BAND_ACTIVITY_WINDOW`]): a pool that serves one band
+/// fills its replicas to the full depth.
 pub const FLOW_CRITICAL_QUEUE_SHARE: f64 = 1.0;
 pub const FLOW_STANDARD_QUEUE_SHARE: f64 = 0.6;
 pub const FLOW_SHEDDABLE_QUEUE_SHARE: f64 = 0.4;
+pub const BAND_ACTIVITY_WINDOW: Duration = Duration::from_secs(10);
 
 /// `telemetry.otlp.serviceName`.
 pub const OTLP_SERVICE_NAME: &str = "infergate";

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use config::Priority;
+use config::defaults::BAND_ACTIVITY_WINDOW;
 use parking_lot::Mutex;
 use picker::flow::{FlowKey, Queue};
 use picker::{Decision, LoadGuard, PickError, PickRequest};
@@ -186,6 +187,10 @@ pub struct Admission {
     queue: Mutex<Queue<Waiter>>,
     /// Waiting requests per band, readable without the lock.
     waiting: [AtomicUsize; 3],
+    /// When a request of each band last arrived, in ms since `epoch` plus
+    /// one (0: never), for the bands' queue shares.
+    arrived: [AtomicU64; 3],
+    epoch: Instant,
     wake: Notify,
     pick_duration: Histogram,
     stats: FlowStats,
@@ -212,6 +217,8 @@ impl Admission {
             pick_duration,
             queue: Mutex::new(Queue::default()),
             waiting: Default::default(),
+            arrived: Default::default(),
+            epoch: Instant::now(),
             wake: Notify::new(),
             stats: FlowStats::default(),
         })
@@ -228,6 +235,22 @@ impl Admission {
         if self.waiting.iter().any(|w| w.load(Ordering::Relaxed) > 0) {
             self.wake.notify_one();
         }
+    }
+
+    /// The share of replica queues `ticket`'s request may fill: its band's,
+    /// while a request of a higher band has arrived at the pool within
+    /// [`BAND_ACTIVITY_WINDOW`]; all of it otherwise, since room kept for
+    /// traffic that does not come is capacity lost.
+    fn queue_share(&self, ticket: &Ticket) -> Option<f64> {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let band = ticket.band as usize;
+        self.arrived[band].store(now, Ordering::Relaxed);
+        let window = BAND_ACTIVITY_WINDOW.as_millis() as u64;
+        let higher_active = self.arrived[..band].iter().any(|at| {
+            let at = at.load(Ordering::Relaxed);
+            at != 0 && now.saturating_sub(at) <= window
+        });
+        (higher_active && ticket.queue_share < 1.0).then_some(ticket.queue_share)
     }
 
     /// Pick a replica now, skipping `tried`; no queueing (retries use it).
@@ -260,8 +283,9 @@ impl Admission {
         self: &Arc<Self>,
         pool_name: &str,
         ticket: &Ticket,
-        pick: OwnedPick,
+        mut pick: OwnedPick,
     ) -> Result<Admitted, ApiError> {
+        pick.queue_share = self.queue_share(ticket);
         let line_ahead = self.waiting[..=ticket.band as usize]
             .iter()
             .any(|w| w.load(Ordering::Relaxed) > 0);

@@ -363,7 +363,6 @@ async fn infer(
         .runtime()
         .pick_request(&request, route.adapter.as_deref(), explain);
     pick.session = session;
-    pick.queue_share = Some(ticket.queue_share);
     let admit_started = Instant::now();
     let admitted = match pool
         .runtime()

@@ -124,9 +124,10 @@ async fn critical_overtakes_waiting_standard_requests() {
 }
 
 /// With the default shares of a queue depth of 5, a replica with 3
-/// waiting is full for standard (60 %: 3) and sheddable (40 %: 2), not for
-/// critical: a critical request goes straight to it while a standard one
-/// waits in the gateway.
+/// waiting is full for standard (60 %: 3) and sheddable (40 %: 2) while
+/// critical requests arrive, not for critical: a critical request goes
+/// straight to it while a standard one waits in the gateway. Before any
+/// critical request, standard fills the whole depth.
 #[tokio::test]
 async fn lower_bands_leave_the_last_places_of_a_replica_queue_to_critical() {
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
@@ -140,6 +141,11 @@ async fn lower_bands_leave_the_last_places_of_a_replica_queue_to_critical() {
     .await
     .unwrap();
     saturate(&gw, &replica).await;
+    // No critical traffic yet: standard may fill the replica's queue to 5.
+    let alone = send(&gw, "s0", None, None).await.unwrap();
+    assert_eq!(alone.status(), 200);
+    let first = send(&gw, "c0", Some("critical"), None).await.unwrap();
+    assert_eq!(first.status(), 200);
     let standard = send(&gw, "s", None, None);
     queued(&gw, [0, 1, 0]).await;
     let shed = send(&gw, "x", Some("sheddable"), None).await.unwrap();
@@ -149,13 +155,13 @@ async fn lower_bands_leave_the_last_places_of_a_replica_queue_to_critical() {
     assert_eq!(critical.status(), 200);
     assert_eq!(
         arrival_order(&replica),
-        ["c"],
+        ["s0", "c0", "c"],
         "standard went ahead of its share"
     );
     queued(&gw, [0, 1, 0]).await;
     release(&replica);
     assert_eq!(standard.await.unwrap().status(), 200);
-    assert_eq!(arrival_order(&replica), ["c", "s"]);
+    assert_eq!(arrival_order(&replica), ["s0", "c0", "c", "s"]);
 }
 
 #[tokio::test]
