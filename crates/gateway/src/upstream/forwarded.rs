@@ -4,6 +4,7 @@
 //! anyone else it is replaced, so a replica's logs and per-client limits
 //! cannot be fooled by a header.
 
+use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{FORWARDED, HeaderMap, HeaderValue};
@@ -33,6 +34,14 @@ pub struct Forwarded {
     pub forwarded: HeaderValue,
 }
 
+thread_local! {
+    /// The last peer's own values, built once: every request of a
+    /// connection, and every connection of a client, comes from one
+    /// address, and formatting it cost more than the rest of the
+    /// forwarding headers together.
+    static OWN: RefCell<Option<(IpAddr, bool, Forwarded)>> = const { RefCell::new(None) };
+}
+
 impl Forwarded {
     /// `proto` is the scheme the client used (`http` or `https`).
     pub fn new(
@@ -42,40 +51,61 @@ impl Forwarded {
         trusted: &TrustedProxies,
     ) -> Self {
         let ip = peer.ip().to_canonical();
-        let keep = trusted.trusts(ip);
+        let own = Self::own(ip, proto);
+        if !trusted.trusts(ip) {
+            return own;
+        }
         let earlier = |name| {
-            let values: Vec<&str> = if keep {
-                client
-                    .get_all(name)
-                    .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .map(str::trim)
-                    .filter(|v| !v.is_empty())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            values.join(", ")
+            client
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .collect::<Vec<&str>>()
+                .join(", ")
         };
-        let join = |earlier: String, own: String| {
-            let value = if earlier.is_empty() {
-                own
-            } else {
-                format!("{earlier}, {own}")
-            };
+        let join = |earlier: String, own: HeaderValue| {
+            if earlier.is_empty() {
+                return own;
+            }
+            let own = own.to_str().expect("built from an address");
             // Built from visible ASCII only: the client's values passed
             // `to_str`, and ours are addresses.
-            HeaderValue::from_str(&value).expect("visible ASCII is a valid header value")
-        };
-        let node = match ip {
-            IpAddr::V4(v4) => v4.to_string(),
-            // An IPv6 node is quoted and bracketed (RFC 7239 §6).
-            IpAddr::V6(v6) => format!("\"[{v6}]\""),
+            HeaderValue::from_str(&format!("{earlier}, {own}"))
+                .expect("visible ASCII is a valid header value")
         };
         Self {
-            x_forwarded_for: join(earlier(X_FORWARDED_FOR), ip.to_string()),
-            forwarded: join(earlier(FORWARDED), format!("for={node};proto={proto}")),
+            x_forwarded_for: join(earlier(X_FORWARDED_FOR), own.x_forwarded_for),
+            forwarded: join(earlier(FORWARDED), own.forwarded),
         }
+    }
+
+    /// The values for a request from `ip` alone, as an untrusted peer's.
+    fn own(ip: IpAddr, proto: &str) -> Self {
+        let https = proto == "https";
+        OWN.with_borrow_mut(|last| {
+            if let Some((at, tls, own)) = last.as_ref()
+                && *at == ip
+                && *tls == https
+            {
+                return own.clone();
+            }
+            let node = match ip {
+                IpAddr::V4(v4) => v4.to_string(),
+                // An IPv6 node is quoted and bracketed (RFC 7239 §6).
+                IpAddr::V6(v6) => format!("\"[{v6}]\""),
+            };
+            let value = |text: String| {
+                HeaderValue::from_str(&text).expect("an address is a valid header value")
+            };
+            let own = Self {
+                x_forwarded_for: value(ip.to_string()),
+                forwarded: value(format!("for={node};proto={proto}")),
+            };
+            *last = Some((ip, https, own.clone()));
+            own
+        })
     }
 }
 
@@ -113,6 +143,22 @@ mod tests {
         );
         assert_eq!(f.x_forwarded_for, "1.2.3.4, 10.0.0.9");
         assert_eq!(f.forwarded, "for=1.2.3.4, for=10.0.0.9;proto=https");
+    }
+
+    #[test]
+    fn each_peer_gets_its_own_values_whatever_came_before() {
+        let untrusted = TrustedProxies::default();
+        for (peer, proto, xff) in [
+            ("10.0.0.9:5000", "http", "10.0.0.9"),
+            ("10.0.0.9:5001", "http", "10.0.0.9"),
+            ("10.0.0.9:5001", "https", "10.0.0.9"),
+            ("10.0.0.7:5001", "https", "10.0.0.7"),
+        ] {
+            let f = Forwarded::new(&client(), peer.parse().unwrap(), proto, &untrusted);
+            assert_eq!(f.x_forwarded_for, xff);
+            let ip = xff;
+            assert_eq!(f.forwarded, format!("for={ip};proto={proto}").as_str());
+        }
     }
 
     #[test]
