@@ -28,6 +28,8 @@ from openai import AsyncOpenAI, OpenAI
 
 # The replica a request went to (spec.debug.decisionHeaders: true).
 ENDPOINT_HEADER = "x-infergate-endpoint"
+# Every candidate's score parts for that pick (scored policy).
+SCORES_HEADER = "x-infergate-scores"
 
 # Short, varied questions: requests differ, and llama.cpp's prompt cache
 # cannot turn the whole run into cache hits.
@@ -120,22 +122,31 @@ async def one_request(client, args, i, t0, rec, inflight):
             messages=[{"role": "user", "content": prompt(i)}],
             max_tokens=args.max_tokens,
             stream=True,
+            stream_options={"include_usage": True},
             # Every answer is max_tokens long, so the policies compare on
             # equal work rather than on where the model chose to stop.
             extra_body={"ignore_eos": True},
         )
         rec["endpoint"] = raw.headers.get(ENDPOINT_HEADER)
+        rec["scores"] = raw.headers.get(SCORES_HEADER)
         stream = raw.parse()
         if inspect.isawaitable(stream):
             stream = await stream
+        usage = None
         async for chunk in stream:
+            if chunk.usage:
+                usage = chunk.usage
             if chunk.choices and chunk.choices[0].delta.content:
                 if rec["ttft"] is None:
                     rec["ttft"] = time.monotonic() - t0 - rec["sent"]
                 rec["tokens"] += 1
         rec["e2e"] = time.monotonic() - t0 - rec["sent"]
-        if rec["tokens"] == 0:
-            rec["error"] = "no tokens"
+        # A stream cut short may end without an error; only the closing usage
+        # event says the answer is whole.
+        if usage is None:
+            rec["error"] = f"stream ended without its usage event after {rec['tokens']} chunks"
+        elif usage.completion_tokens != args.max_tokens:
+            rec["error"] = f"{usage.completion_tokens} completion tokens, asked for {args.max_tokens}"
         else:
             rec["ok"] = True
     except Exception as exc:  # every failure is an outcome to count
