@@ -1,7 +1,7 @@
 //! A scenario's results as `NAME.json`, a markdown table (`NAME.md` and
 //! stdout) and an SVG chart (`NAME.svg`): TTFT p95 against load, or for
-//! the flow-control comparison, TTFT p99 per band with flow control on and
-//! off.
+//! the flow-control comparison, TTFT p99 per band in each flow-control
+//! mode (on, flat, off).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -452,7 +452,7 @@ impl ScenarioReport {
         );
     }
 
-    /// Whether the runs compare flow control on and off.
+    /// Whether the runs compare flow-control modes.
     fn compares_flow_control(&self) -> bool {
         self.results.iter().any(|r| r.flow_control.is_some())
     }

@@ -1,5 +1,6 @@
 //! The quick flow-control benchmark end to end, live: bursts of three
-//! priority bands through the real gateway, flow control on and off.
+//! priority bands through the real gateway, flow control on, flat (no
+//! per-band queue shares) and off.
 //! Asserts the structure of the results and what flow control is for, not
 //! how fast anything is.
 
@@ -17,7 +18,14 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
     assert_eq!(report.scenario, "flow-control");
 
     let flows: Vec<_> = report.results.iter().map(|r| r.flow_control).collect();
-    assert_eq!(flows, [Some(FlowMode::On), Some(FlowMode::Off)]);
+    assert_eq!(
+        flows,
+        [
+            Some(FlowMode::On),
+            Some(FlowMode::Flat),
+            Some(FlowMode::Off)
+        ]
+    );
     for r in &report.results {
         let what = format!("flow control {:?}", r.flow_control);
         let bands: Vec<&str> = r.bands.iter().map(|b| b.band.as_str()).collect();
@@ -62,7 +70,7 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
         }
         assert!(r.bands[3].completed > 0, "{what}: nothing completed");
     }
-    let (on, off) = (&report.results[0], &report.results[1]);
+    let (on, off) = (&report.results[0], &report.results[2]);
     // What flow control exists for: a critical request waits for room
     // instead of being refused because the pool is saturated.
     assert_eq!(on.bands[0].refused_saturated, 0, "{:?}", on.bands[0]);
@@ -80,11 +88,14 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
         &std::fs::read_to_string(dir.path().join("flow-control.json")).unwrap(),
     )
     .unwrap();
-    assert_eq!(json["results"][1]["flow_control"], "off");
+    assert_eq!(json["results"][1]["flow_control"], "flat");
+    assert_eq!(json["results"][2]["flow_control"], "off");
     assert_eq!(json["results"][0]["bands"].as_array().unwrap().len(), 4);
     let md = std::fs::read_to_string(dir.path().join("flow-control.md")).unwrap();
     assert!(md.contains("| flow control | band |"), "{md}");
     assert!(md.contains("Every request is accounted for"), "{md}");
     let svg = std::fs::read_to_string(dir.path().join("flow-control.svg")).unwrap();
-    assert!(svg.contains("flow control on") && svg.contains("flow control off"));
+    for mode in ["on", "flat", "off"] {
+        assert!(svg.contains(&format!("flow control {mode}")), "{mode}");
+    }
 }
