@@ -103,7 +103,9 @@ async fn route(
     // The request sees this generation of the config to its end.
     let generation = state.generation();
     match (&req.method, req.path()) {
-        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
+        // `/health` is the model servers' own path (vLLM, SGLang): tools
+        // written for them (load generators, probes) find it unchanged.
+        (&Method::GET, "/healthz" | "/health") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
         (&Method::GET, "/v1/models") => {
             let caller = match authenticate(state, &generation, &req).await {
@@ -130,7 +132,7 @@ async fn route(
                 Err(e) => e.into_response(),
             }
         }
-        (_, "/healthz" | "/readyz" | "/v1/models") => {
+        (_, "/healthz" | "/health" | "/readyz" | "/v1/models") => {
             ApiError::method_not_allowed(&req.method, req.path()).into_response()
         }
         (_, path) if path.starts_with(MODEL_PREFIX) => {

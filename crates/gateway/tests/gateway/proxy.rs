@@ -428,6 +428,14 @@ async fn health_and_readiness() {
         .await
         .unwrap();
     assert_eq!(healthz.status(), 200);
+    // The model servers' path, for tools written for them.
+    let health = c
+        .get(format!("http://{}/health", gw.addr()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "ok");
     let readyz = c
         .get(format!("http://{}/readyz", gw.addr()))
         .send()
