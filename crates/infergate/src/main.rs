@@ -117,10 +117,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let log_format = cli.log_format;
     // `serve` sets logging up once its config is read: the config may ask
-    // for a JSON access log or trace export.
+    // for a JSON access log or trace export. `bench` runs gateways of its
+    // own, whose access lines would bury its report.
+    let filter = match &cli.command {
+        Command::Bench(_) => gateway::telemetry::QUIET_ACCESS_FILTER,
+        _ => gateway::telemetry::DEFAULT_FILTER,
+    };
     let _logging = match &cli.command {
         Command::Serve { .. } => None,
-        _ => match init_logging(log_format, &config::Telemetry::default()) {
+        _ => match init_logging(log_format, &config::Telemetry::default(), filter) {
             Ok(guard) => Some(guard),
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -244,7 +249,11 @@ async fn serve(
         });
     }
     let mut config = config::validated(config)?;
-    let telemetry = init_logging(log_format, &config.spec.telemetry)?;
+    let telemetry = init_logging(
+        log_format,
+        &config.spec.telemetry,
+        gateway::telemetry::DEFAULT_FILTER,
+    )?;
     gateway::telemetry::panics::install_hook();
     check_descriptor_limit(&config);
     let mut signals = Signals::install()?;
@@ -386,8 +395,9 @@ fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatew
 fn init_logging(
     format: LogFormat,
     telemetry: &config::Telemetry,
+    default_filter: &str,
 ) -> anyhow::Result<gateway::telemetry::TelemetryGuard> {
-    gateway::telemetry::init(format, telemetry)
+    gateway::telemetry::init(format, telemetry, default_filter)
 }
 
 #[cfg(test)]

@@ -21,7 +21,11 @@ use super::access_log::AccessLogLayer;
 pub const ACCESS_TARGET: &str = "infergate::access";
 /// Environment variable with the log filter (`EnvFilter` syntax).
 pub const LOG_FILTER_ENV: &str = "INFERGATE_LOG";
-const DEFAULT_FILTER: &str = "info";
+/// The filter without `INFERGATE_LOG`, for a gateway that serves.
+pub const DEFAULT_FILTER: &str = "info";
+/// The filter without `INFERGATE_LOG` for commands that run gateways
+/// inside themselves (`bench`): their access lines would bury the report.
+pub const QUIET_ACCESS_FILTER: &str = "info,infergate::access=off";
 
 /// Keeps trace export running; [`TelemetryGuard::shutdown`] flushes the
 /// spans still buffered.
@@ -59,10 +63,15 @@ impl Drop for TelemetryGuard {
 /// Install the global subscriber: `format` for the process's logs, the
 /// access log as `telemetry.accessLog.format` says (else `format`), and
 /// OTLP span export when `telemetry.otlp` is set. The filter comes from
-/// `INFERGATE_LOG` (default `info`). Call once, inside the Tokio runtime
-/// when exporting.
-pub fn init(format: LogFormat, telemetry: &config::Telemetry) -> anyhow::Result<TelemetryGuard> {
-    let filter = std::env::var(LOG_FILTER_ENV).unwrap_or_else(|_| DEFAULT_FILTER.to_owned());
+/// `INFERGATE_LOG`, else `default_filter` ([`DEFAULT_FILTER`] or
+/// [`QUIET_ACCESS_FILTER`]). Call once, inside the Tokio runtime when
+/// exporting.
+pub fn init(
+    format: LogFormat,
+    telemetry: &config::Telemetry,
+    default_filter: &str,
+) -> anyhow::Result<TelemetryGuard> {
+    let filter = std::env::var(LOG_FILTER_ENV).unwrap_or_else(|_| default_filter.to_owned());
     // Fail on a bad filter here rather than silently logging nothing.
     EnvFilter::try_new(&filter)
         .map_err(|e| anyhow::anyhow!("{LOG_FILTER_ENV}={filter:?} is not a valid filter: {e}"))?;

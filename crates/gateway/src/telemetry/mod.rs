@@ -38,7 +38,9 @@ pub mod traffic;
 
 pub use gauges::FlowGauges;
 pub use labels::TenantLabel;
-pub use logging::{ACCESS_TARGET, LogFormat, TelemetryGuard, init, log_layers};
+pub use logging::{
+    ACCESS_TARGET, DEFAULT_FILTER, LogFormat, QUIET_ACCESS_FILTER, TelemetryGuard, init, log_layers,
+};
 pub use metrics::{
     EndpointMetrics, EndpointSeries, ListenerTlsMetrics, Metrics, PoolMetrics, RouteMetrics,
     refusal_reason,
