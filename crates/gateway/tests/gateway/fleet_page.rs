@@ -242,7 +242,7 @@ async fn debug_pools_has_what_the_page_shows() {
     let pool = &pools["pools"][0];
     assert_eq!(
         pool["weights"],
-        json!({"queue": 3.0, "kv-cache": 2.0, "inflight": 3.0, "prefix": 6.0, "lora": 2.0, "speed": 2.0, "session": 4.0})
+        json!({"queue": 3.0, "kv-cache": 2.0, "inflight": 3.0, "prefix": 9.0, "lora": 2.0, "speed": 2.0, "session": 4.0})
     );
     let endpoint = &pool["endpoints"][1];
     assert_eq!(endpoint["address"], b.addr.to_string());

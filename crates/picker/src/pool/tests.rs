@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use crate::observation::{EngineState, Observation};
-use crate::policy::{Fallback, PrefixConfig, Saturation};
+use crate::policy::{Fallback, PrefixConfig, Saturation, Weights};
 use crate::scorers::Scorer;
 
 fn idle() -> EngineState {
@@ -361,6 +361,38 @@ fn a_burst_sharing_a_prefix_spreads_before_the_next_scrape() {
     assert_eq!(per_replica.len(), 4, "{per_replica:?}");
     let most = *per_replica.values().max().unwrap();
     assert!(most <= 24, "one replica took {most} of 64: {per_replica:?}");
+}
+
+/// Affinity must never build a hot spot: a replica that holds the prompt
+/// but is close to saturation (4 of this gateway's requests unanswered
+/// since the last scrape, which count as 4 waiting of a queue depth of 5,
+/// and its KV cache 95 % used) loses to an idle replica that holds
+/// nothing, in every preset.
+#[test]
+fn a_cached_but_busy_replica_loses_to_an_idle_one_in_every_preset() {
+    let now = Instant::now();
+    for name in Weights::PRESETS {
+        let config = PickerConfig {
+            weights: Weights::preset(name).unwrap(),
+            ..scored()
+        };
+        let pool = fleet(config, vec![busy(0, 0.95), idle()], now);
+        let system = "A long system prompt that replica 0 has cached. ".repeat(30);
+        let hashes = pool.hash_prompt("m", None, &chat(&system, "the next question"));
+        pool.record(0, &hashes);
+        let req = PickRequest {
+            prefix_hashes: &hashes,
+            estimated_tokens: 1_000,
+            context_tokens: 0,
+            ..PickRequest::default()
+        };
+        // Four requests to replica 0 with no answer yet.
+        let in_flight: Vec<_> = (0..4)
+            .map(|_| pool.pick(&req, now, &[1], &mut rng()).unwrap().acquire())
+            .collect();
+        assert_eq!(pick_index(&pool, &req, now, &[]), 1, "preset {name}");
+        drop(in_flight);
+    }
 }
 
 #[test]
