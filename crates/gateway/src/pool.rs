@@ -344,6 +344,8 @@ pub struct Pool {
     metrics: PoolMetrics,
     engine: signals::Dialect,
     max_retries: usize,
+    /// The replicas schedule by priority: bodies carry the band.
+    engine_priority: bool,
 }
 
 impl Pool {
@@ -353,6 +355,7 @@ impl Pool {
             metrics,
             engine: spec.engine,
             max_retries: spec.retry.max_retries() as usize,
+            engine_priority: spec.engine_priority(),
         }
     }
 
@@ -376,6 +379,24 @@ impl Pool {
     /// Other replicas a request may try when none of it was sent.
     pub fn max_retries(&self) -> usize {
         self.max_retries
+    }
+
+    /// The `priority` a request of `band` carries to the replicas, when
+    /// they schedule by it (`enginePriority`).
+    pub fn engine_priority(&self, band: config::Priority) -> Option<i64> {
+        self.engine_priority.then(|| engine_priority(band))
+    }
+}
+
+/// vLLM's `priority` for a band: lower is served first, and 0 (what a
+/// request without the field gets) is the most urgent value the gateway
+/// sends. Consecutive values, so each band is one step ahead of the next
+/// and nothing else is implied.
+pub fn engine_priority(band: config::Priority) -> i64 {
+    match band {
+        config::Priority::Critical => 0,
+        config::Priority::Standard => 1,
+        config::Priority::Sheddable => 2,
     }
 }
 
