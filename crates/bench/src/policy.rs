@@ -198,7 +198,9 @@ pub fn gateway_config(
     let defaults = config::FlowControl::default();
     let band = |band: config::Priority| {
         let wait = match policy.flow {
-            FlowMode::On | FlowMode::Flat | FlowMode::Priority => defaults.band(band).max_wait(band),
+            FlowMode::On | FlowMode::Flat | FlowMode::Priority => {
+                defaults.band(band).max_wait(band)
+            }
             FlowMode::Off => Duration::ZERO,
         };
         let share = match policy.flow {
@@ -453,7 +455,10 @@ mod tests {
         assert!(with.spec.pools[0].engine_priority());
         assert!(!on.spec.pools[0].engine_priority());
         assert_eq!(with.spec.flow_control, on.spec.flow_control);
-        assert_eq!(priority.engine_scheduling(), sim::SchedulingPolicy::Priority);
+        assert_eq!(
+            priority.engine_scheduling(),
+            sim::SchedulingPolicy::Priority
+        );
         assert_eq!(scored.engine_scheduling(), sim::SchedulingPolicy::Fcfs);
         for flow in [FlowMode::On, FlowMode::Flat, FlowMode::Off] {
             assert!(!flow.engine_priority(), "{flow:?}");

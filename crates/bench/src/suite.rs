@@ -214,9 +214,7 @@ pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<RouterUnderTest>
                 RouterUnderTest::Infergate(p) if p.uses_signals() => Some(p),
                 _ => None,
             })
-            .flat_map(|p| {
-                FlowMode::ALL.map(|flow| p.clone().with_flow(flow))
-            })
+            .flat_map(|p| FlowMode::ALL.map(|flow| p.clone().with_flow(flow)))
             .map(RouterUnderTest::Infergate)
             .collect(),
     }

@@ -72,11 +72,7 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
         }
         assert!(r.bands[3].completed > 0, "{what}: nothing completed");
     }
-    let (on, off, priority) = (
-        &report.results[0],
-        &report.results[2],
-        &report.results[3],
-    );
+    let (on, off, priority) = (&report.results[0], &report.results[2], &report.results[3]);
     // What flow control exists for: a critical request waits for room
     // instead of being refused because the pool is saturated.
     assert_eq!(on.bands[0].refused_saturated, 0, "{:?}", on.bands[0]);
@@ -84,7 +80,11 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
     // accept every request: a replica without it would refuse each
     // non-zero priority with a 400, counted as a failure (timeouts are
     // the load's doing, not a refusal).
-    assert_eq!(priority.bands[0].refused_saturated, 0, "{:?}", priority.bands[0]);
+    assert_eq!(
+        priority.bands[0].refused_saturated, 0,
+        "{:?}",
+        priority.bands[0]
+    );
     let all = &priority.bands[3];
     assert_eq!(all.errors - all.timed_out, 0, "{all:?}");
     // Without a queue nothing waits.

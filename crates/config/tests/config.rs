@@ -556,7 +556,10 @@ fn discovery_problems_are_named() {
 
 #[test]
 fn engine_priority_is_off_by_default_and_for_vllm_only() {
-    let c = from_yaml(&minimal("    - {name: p, models: [m], endpoints: [\"a:1\"]}\n")).unwrap();
+    let c = from_yaml(&minimal(
+        "    - {name: p, models: [m], endpoints: [\"a:1\"]}\n",
+    ))
+    .unwrap();
     assert!(!c.spec.pools[0].engine_priority());
     let c = from_yaml(&minimal(
         "    - {name: p, engine: vllm, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n",
@@ -595,9 +598,12 @@ fn simulated_replicas_schedule_by_priority_when_the_gateway_sends_it() {
     );
     assert_eq!(
         problems(&pool(on, ", schedulingPolicy: fcfs")),
-        ["spec.pools[0].simulated.schedulingPolicy: fcfs replicas refuse (400) the priority enginePriority sends; use priority, or leave it out"]
+        [
+            "spec.pools[0].simulated.schedulingPolicy: fcfs replicas refuse (400) the priority enginePriority sends; use priority, or leave it out"
+        ]
     );
     // Pools of real replicas have nothing to simulate.
-    let real = minimal("    - {name: p, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n");
+    let real =
+        minimal("    - {name: p, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n");
     assert_eq!(scheduling(&real), None);
 }

@@ -415,12 +415,9 @@ async fn infer(
 
     // Replicas that schedule by priority get the band in the body, in
     // place of any the client sent (a client may not jump their queue).
-    let body = match pool.engine_priority(ticket.band) {
-        Some(priority) => match crate::rewrite::body::with_priority(&body, priority) {
-            Some(prioritized) => prioritized,
-            None => return refuse(record, ApiError::invalid_request("The body is not an object.")),
-        },
-        None => body,
+    let body = match pool.engine_body(body, ticket.band) {
+        Ok(body) => body,
+        Err(e) => return refuse(record, e),
     };
 
     // 9. forward, retrying other replicas before any byte.

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use bytes::Bytes;
 use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use crate::admit::{Admission, OwnedPick};
+use crate::error::ApiError;
 use crate::request::InferenceRequest;
 use crate::server::WorkerId;
 use crate::telemetry::{EndpointSeries, Metrics, PoolMetrics};
@@ -381,10 +383,16 @@ impl Pool {
         self.max_retries
     }
 
-    /// The `priority` a request of `band` carries to the replicas, when
-    /// they schedule by it (`enginePriority`).
-    pub fn engine_priority(&self, band: config::Priority) -> Option<i64> {
-        self.engine_priority.then(|| engine_priority(band))
+    /// The body a request of `band` is sent to the replicas with: with the
+    /// band's `priority` in place of any the client sent when they
+    /// schedule by it (`enginePriority`), else as it is.
+    pub fn engine_body(&self, body: Bytes, band: config::Priority) -> Result<Bytes, ApiError> {
+        if !self.engine_priority {
+            return Ok(body);
+        }
+        // The parse stage has accepted the body as a JSON object.
+        crate::rewrite::body::with_priority(&body, engine_priority(band))
+            .ok_or_else(|| ApiError::invalid_request("The request body must be a JSON object."))
     }
 }
 

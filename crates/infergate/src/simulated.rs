@@ -34,7 +34,8 @@ pub struct Prepared {
 
 enum Planned {
     Reused(usize),
-    Started(Running),
+    // Boxed: a running fleet's key is large, the index small.
+    Started(Box<Running>),
 }
 
 impl Fleets {
@@ -58,10 +59,10 @@ impl Fleets {
             };
             let planned = match self.running.iter().position(|r| r.key == key) {
                 Some(i) => Planned::Reused(i),
-                None => Planned::Started(Running {
+                None => Planned::Started(Box::new(Running {
                     fleet: start(&key).await?,
                     key,
-                }),
+                })),
             };
             let fleet = match &planned {
                 Planned::Reused(i) => &self.running[*i].fleet,
@@ -82,7 +83,7 @@ impl Fleets {
             .into_iter()
             .filter_map(|p| match p {
                 Planned::Reused(i) => old[i].take(),
-                Planned::Started(r) => Some(r),
+                Planned::Started(r) => Some(*r),
             })
             .collect();
     }

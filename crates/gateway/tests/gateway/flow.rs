@@ -462,7 +462,10 @@ async fn engine_priority_sends_the_band_in_place_of_the_clients() {
         .map(|r| serde_json::from_slice(&r.body).unwrap())
         .collect();
     let priorities: Vec<&Value> = seen.iter().map(|b| &b["priority"]).collect();
-    assert_eq!(priorities, [&json!(0), &json!(1), &json!(2), &json!(1), &json!(0)]);
+    assert_eq!(
+        priorities,
+        [&json!(0), &json!(1), &json!(2), &json!(1), &json!(0)]
+    );
     for (body, (_, sent)) in seen.iter().zip(sent) {
         let mut want: Value = serde_json::from_str(sent).unwrap();
         want["priority"] = body["priority"].clone();
@@ -507,7 +510,11 @@ async fn a_simulated_replica_takes_the_band_only_when_it_schedules_by_priority()
         let gw = Gateway::start(&cfg).await.unwrap();
         debug_shows(&gw, "waiting", json!(0)).await;
         let critical = send_body(&gw, None, WITH_PRIORITY).await;
-        assert_eq!(critical.status(), 200, "{policy}: priority 0 is vLLM's default");
+        assert_eq!(
+            critical.status(),
+            200,
+            "{policy}: priority 0 is vLLM's default"
+        );
         let standard = send_body(&gw, Some("standard"), WITH_PRIORITY).await;
         let status = standard.status();
         let body: Value = standard.json().await.unwrap();

@@ -208,7 +208,8 @@ impl Engine {
         let rank = rank(self.cfg.scheduling_policy, r.priority);
         self.next_serial += 1;
         self.by_id.insert(req.id, slot);
-        self.waiting.push_back(lane, rank, self.requests.slot_ref(slot));
+        self.waiting
+            .push_back(lane, rank, self.requests.slot_ref(slot));
         if self.step_end.is_none() && self.start_at.is_none() {
             self.start_at = Some(now);
         }
@@ -579,9 +580,7 @@ impl Engine {
             SchedulingPolicy::Fcfs => self.running.push(slot),
             SchedulingPolicy::Priority => {
                 let key = self.running_key(slot);
-                let at = self
-                    .running
-                    .partition_point(|&s| self.running_key(s) < key);
+                let at = self.running.partition_point(|&s| self.running_key(s) < key);
                 self.running.insert(at, slot);
             }
         }
@@ -642,7 +641,8 @@ impl Engine {
         if let Some(a) = r.adapter {
             self.lora.release(a);
         }
-        self.waiting.push_front(lane, rank, self.requests.slot_ref(slot));
+        self.waiting
+            .push_front(lane, rank, self.requests.slot_ref(slot));
         self.counters.preemptions += 1;
     }
 

@@ -667,7 +667,10 @@ fn first_token_order(policy: SchedulingPolicy) -> Vec<u64> {
 
 #[test]
 fn priority_scheduling_serves_lower_priority_values_first() {
-    assert_eq!(first_token_order(SchedulingPolicy::Priority), [4, 3, 0, 1, 2]);
+    assert_eq!(
+        first_token_order(SchedulingPolicy::Priority),
+        [4, 3, 0, 1, 2]
+    );
     // First come, first served ignores the field.
     assert_eq!(first_token_order(SchedulingPolicy::Fcfs), [0, 1, 2, 3, 4]);
 }
@@ -676,22 +679,26 @@ fn priority_scheduling_serves_lower_priority_values_first() {
 /// `bulk`), and a 4-block prompt (priority `urgent`) that arrives once the
 /// first has generated 20 tokens and no longer leaves it room. Returns the
 /// events and the preemptions.
-fn urgent_behind_bulk(
-    policy: SchedulingPolicy,
-    bulk: i64,
-    urgent: i64,
-) -> (Vec<EngineEvent>, u64) {
+fn urgent_behind_bulk(policy: SchedulingPolicy, bulk: i64, urgent: i64) -> (Vec<EngineEvent>, u64) {
     let mut cfg = config("h100", "llama-3.1-8b");
     cfg.num_gpu_blocks_override = Some(20);
     cfg.max_model_len = 320;
     cfg.scheduling_policy = policy;
     let mut engine = Engine::new(cfg);
-    engine.submit(0.0, with_priority(request(1, synthetic_prompt(1, 256), 50), bulk));
+    engine.submit(
+        0.0,
+        with_priority(request(1, synthetic_prompt(1, 256), 50), bulk),
+    );
     let mut events = Vec::new();
     let tokens_of_bulk = |events: &[EngineEvent]| {
         events
             .iter()
-            .filter(|e| matches!(e, EngineEvent::FirstToken { id: 1, .. } | EngineEvent::Token { id: 1, .. }))
+            .filter(|e| {
+                matches!(
+                    e,
+                    EngineEvent::FirstToken { id: 1, .. } | EngineEvent::Token { id: 1, .. }
+                )
+            })
             .count()
     };
     let mut now = 0.0;
@@ -700,11 +707,18 @@ fn urgent_behind_bulk(
         engine.advance(now, &mut events);
     }
     assert!(engine.stats().kv_usage > 0.85, "{:?}", engine.stats());
-    engine.submit(now, with_priority(request(2, synthetic_prompt(2, 64), 2), urgent));
+    engine.submit(
+        now,
+        with_priority(request(2, synthetic_prompt(2, 64), 2), urgent),
+    );
     events.extend(drain(&mut engine, |_| {}));
     for id in [1, 2] {
         let (_, tokens, ..) = finished(&events, id);
-        assert_eq!(tokens, if id == 1 { 50 } else { 2 }, "request {id} completes");
+        assert_eq!(
+            tokens,
+            if id == 1 { 50 } else { 2 },
+            "request {id} completes"
+        );
     }
     (events, engine.stats().preemptions_total)
 }
