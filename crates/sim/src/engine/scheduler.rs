@@ -613,7 +613,7 @@ impl Engine {
         }
     }
 
-    /// The FCFS head among the requests allowed to run: when every LoRA slot
+    /// The waiting head among the requests allowed to run: when every LoRA slot
     /// is taken by a running adapter, only the base model and those adapters.
     fn next_candidate(&self) -> Option<(usize, SlotRef)> {
         if !(self.lora.enabled() && self.lora.slots_full()) {
