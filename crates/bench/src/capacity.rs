@@ -131,6 +131,7 @@ pub fn replica_capacity(
                 prompt: plan.prompt_ids(),
                 max_tokens: plan.max_tokens,
                 adapter: plan.adapter.as_deref().map(str::to_owned),
+                priority: 0,
             },
         );
         *next += 1;

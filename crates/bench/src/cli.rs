@@ -23,8 +23,8 @@ use crate::suite::{self, Mode, SuiteOptions};
 pub struct BenchArgs {
     /// Scenario: mixed-fleet, bursty, shared-prefix, lora, uniform,
     /// fleet-scale (virtual mode only), flow-control (live mode only:
-    /// bursts of critical, standard and sheddable requests, flow control on
-    /// vs off, per band), prefix-pressure, heterogeneous, multi-turn,
+    /// bursts of critical, standard and sheddable requests, flow control on,
+    /// flat, off and with engine priority, per band), prefix-pressure, heterogeneous, multi-turn,
     /// bursty-uneven; all (the first six that the mode can run) or peers
     /// (the last four, written for comparing routers); global-failover
     /// (live mode only, run by name: three member gateways behind a global

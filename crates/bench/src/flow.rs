@@ -18,6 +18,10 @@ pub enum FlowMode {
     /// Every band `maxWait: 0s`: refused at once while the pool is
     /// saturated, as a gateway without a queue does.
     Off,
+    /// The defaults, and the pool's `enginePriority`: each request tells
+    /// its replica its band, and the replicas schedule by it (vLLM's
+    /// `--scheduling-policy priority`).
+    Priority,
 }
 
 impl FlowMode {
@@ -26,7 +30,21 @@ impl FlowMode {
             FlowMode::On => "on",
             FlowMode::Flat => "flat",
             FlowMode::Off => "off",
+            FlowMode::Priority => "priority",
         }
+    }
+
+    /// Every mode, in the order the flow-control scenario runs them.
+    pub const ALL: [FlowMode; 4] = [
+        FlowMode::On,
+        FlowMode::Flat,
+        FlowMode::Off,
+        FlowMode::Priority,
+    ];
+
+    /// Whether requests carry their band to replicas that schedule by it.
+    pub fn engine_priority(self) -> bool {
+        self == FlowMode::Priority
     }
 }
 

@@ -67,6 +67,16 @@ impl PolicyUnderTest {
         self.flow
     }
 
+    /// How the replicas behind the gateway schedule their requests: by
+    /// the priority the gateway sends them, when it sends one.
+    pub fn engine_scheduling(&self) -> sim::SchedulingPolicy {
+        if self.flow.engine_priority() {
+            sim::SchedulingPolicy::Priority
+        } else {
+            sim::SchedulingPolicy::Fcfs
+        }
+    }
+
     /// The default comparison: round-robin, least-request, scored.
     pub fn defaults() -> Vec<Self> {
         ["round-robin", "least-request", "scored"]
@@ -188,12 +198,16 @@ pub fn gateway_config(
     let defaults = config::FlowControl::default();
     let band = |band: config::Priority| {
         let wait = match policy.flow {
-            FlowMode::On | FlowMode::Flat => defaults.band(band).max_wait(band),
+            FlowMode::On | FlowMode::Flat | FlowMode::Priority => {
+                defaults.band(band).max_wait(band)
+            }
             FlowMode::Off => Duration::ZERO,
         };
         let share = match policy.flow {
             FlowMode::Flat => 1.0,
-            FlowMode::On | FlowMode::Off => defaults.band(band).queue_share(band),
+            FlowMode::On | FlowMode::Off | FlowMode::Priority => {
+                defaults.band(band).queue_share(band)
+            }
         };
         json!({"maxWait": pool.scaled(wait), "queueShare": share})
     };
@@ -229,6 +243,7 @@ pub fn gateway_config(
                 "adapters": pool.adapters,
                 "endpoints": pool.endpoints,
                 "scheduling": scheduling,
+                "enginePriority": policy.flow.engine_priority(),
             }],
         },
     });
@@ -424,6 +439,30 @@ mod tests {
         .unwrap();
         assert!(!plain.spec.flow_control.header_may_raise);
         assert!(!plain.spec.debug.decision_headers);
+    }
+
+    #[test]
+    fn engine_priority_mode_is_flow_control_on_with_the_band_sent_to_the_replicas() {
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let doc = PoolDocument {
+            priorities: true,
+            ..pool(&endpoints, 2.0)
+        };
+        let scored: PolicyUnderTest = "scored".parse().unwrap();
+        let priority = scored.clone().with_flow(FlowMode::Priority);
+        let (_, on) = gateway_config(&scored, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let (_, with) = gateway_config(&priority, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        assert!(with.spec.pools[0].engine_priority());
+        assert!(!on.spec.pools[0].engine_priority());
+        assert_eq!(with.spec.flow_control, on.spec.flow_control);
+        assert_eq!(
+            priority.engine_scheduling(),
+            sim::SchedulingPolicy::Priority
+        );
+        assert_eq!(scored.engine_scheduling(), sim::SchedulingPolicy::Fcfs);
+        for flow in [FlowMode::On, FlowMode::Flat, FlowMode::Off] {
+            assert!(!flow.engine_priority(), "{flow:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A scenario's results as `NAME.json`, a markdown table (`NAME.md` and
 //! stdout) and an SVG chart (`NAME.svg`): TTFT p95 against load, or for
 //! the flow-control comparison, TTFT p99 per band in each flow-control
-//! mode (on, flat, off).
+//! mode (on, flat, off, priority).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

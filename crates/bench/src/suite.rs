@@ -214,9 +214,7 @@ pub fn runs(scenario: &Scenario, options: &SuiteOptions) -> Vec<RouterUnderTest>
                 RouterUnderTest::Infergate(p) if p.uses_signals() => Some(p),
                 _ => None,
             })
-            .flat_map(|p| {
-                [FlowMode::On, FlowMode::Flat, FlowMode::Off].map(|flow| p.clone().with_flow(flow))
-            })
+            .flat_map(|p| FlowMode::ALL.map(|flow| p.clone().with_flow(flow)))
             .map(RouterUnderTest::Infergate)
             .collect(),
     }
@@ -539,7 +537,7 @@ fn notes(scenario: &Scenario) -> Vec<String> {
             })
             .join(", ");
         notes.push(format!(
-            "Flow control **on**: the gateway's defaults (`maxWait` {waits}); **off**: every band `maxWait: 0s`, refused at once while the pool is saturated."
+            "Flow control **on**: the gateway's defaults (`maxWait` {waits}); **flat**: the defaults but every band `queueShare: 1`; **off**: every band `maxWait: 0s`, refused at once while the pool is saturated; **priority**: the defaults plus `enginePriority: true`, the replicas scheduling by the band's `priority` (vLLM's `--scheduling-policy priority`)."
         ));
     }
     notes

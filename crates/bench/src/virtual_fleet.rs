@@ -435,6 +435,7 @@ impl<'a> Simulation<'a> {
                 prompt: request.prompt,
                 max_tokens: request.max_tokens,
                 adapter: request.adapter.as_deref().map(str::to_owned),
+                priority: 0,
             },
         );
         self.reschedule(replica);

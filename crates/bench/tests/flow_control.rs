@@ -1,6 +1,7 @@
 //! The quick flow-control benchmark end to end, live: bursts of three
 //! priority bands through the real gateway, flow control on, flat (no
-//! per-band queue shares) and off.
+//! per-band queue shares), off, and on with the band sent to replicas
+//! that schedule by it.
 //! Asserts the structure of the results and what flow control is for, not
 //! how fast anything is.
 
@@ -23,7 +24,8 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
         [
             Some(FlowMode::On),
             Some(FlowMode::Flat),
-            Some(FlowMode::Off)
+            Some(FlowMode::Off),
+            Some(FlowMode::Priority)
         ]
     );
     for r in &report.results {
@@ -70,10 +72,21 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
         }
         assert!(r.bands[3].completed > 0, "{what}: nothing completed");
     }
-    let (on, off) = (&report.results[0], &report.results[2]);
+    let (on, off, priority) = (&report.results[0], &report.results[2], &report.results[3]);
     // What flow control exists for: a critical request waits for room
     // instead of being refused because the pool is saturated.
     assert_eq!(on.bands[0].refused_saturated, 0, "{:?}", on.bands[0]);
+    // With the band sent on, the replicas (running priority scheduling)
+    // accept every request: a replica without it would refuse each
+    // non-zero priority with a 400, counted as a failure (timeouts are
+    // the load's doing, not a refusal).
+    assert_eq!(
+        priority.bands[0].refused_saturated, 0,
+        "{:?}",
+        priority.bands[0]
+    );
+    let all = &priority.bands[3];
+    assert_eq!(all.errors - all.timed_out, 0, "{all:?}");
     // Without a queue nothing waits.
     for b in &off.bands {
         assert_eq!(b.refused_wait_expired + b.refused_queue_full, 0, "{b:?}");
@@ -90,12 +103,13 @@ async fn quick_flow_control_accounts_for_every_request_in_every_band() {
     .unwrap();
     assert_eq!(json["results"][1]["flow_control"], "flat");
     assert_eq!(json["results"][2]["flow_control"], "off");
+    assert_eq!(json["results"][3]["flow_control"], "priority");
     assert_eq!(json["results"][0]["bands"].as_array().unwrap().len(), 4);
     let md = std::fs::read_to_string(dir.path().join("flow-control.md")).unwrap();
     assert!(md.contains("| flow control | band |"), "{md}");
     assert!(md.contains("Every request is accounted for"), "{md}");
     let svg = std::fs::read_to_string(dir.path().join("flow-control.svg")).unwrap();
-    for mode in ["on", "flat", "off"] {
+    for mode in ["on", "flat", "off", "priority"] {
         assert!(svg.contains(&format!("flow control {mode}")), "{mode}");
     }
 }

@@ -53,6 +53,10 @@ pub const DISCOVERY_RELIST_INTERVAL: Duration = Duration::from_secs(5 * 60);
 pub const ENGINE_LABEL: &str = "infergate.dev/engine";
 /// `simulated.timeScale`: simulated replicas run in real time by default.
 pub const SIM_TIME_SCALE: f64 = 1.0;
+/// `pools[].enginePriority`: off, since a vLLM started without
+/// `--scheduling-policy priority` refuses (400) every request that carries
+/// a non-zero `priority`.
+pub const ENGINE_PRIORITY: bool = false;
 
 /// `flowControl.<band>.maxQueued`: requests waiting per pool and band.
 pub const FLOW_MAX_QUEUED: usize = 10_000;

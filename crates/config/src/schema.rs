@@ -533,6 +533,13 @@ pub struct Pool {
     pub retry: Retry,
     #[serde(default)]
     pub scheduling: Scheduling,
+    /// Tell the replicas each request's priority band, for an engine that
+    /// schedules by it: the body sent to a replica carries `priority`
+    /// (critical 0, standard 1, sheddable 2; lower is served first),
+    /// replacing any the client sent. vLLM only, started with
+    /// `--scheduling-policy priority`.
+    #[serde(default)]
+    pub engine_priority: Option<bool>,
     /// The replicas' context length (prompt and completion, in tokens),
     /// for engines that do not list it in `/v1/models` as vLLM and SGLang
     /// do; what a replica lists, or says when it refuses a prompt as too
@@ -557,6 +564,27 @@ impl Pool {
             (None, Dialect::None) => Policy::LeastRequest,
             (None, _) => Policy::Scored,
         }
+    }
+
+    /// Whether request bodies carry their band's `priority` to the replicas.
+    pub fn engine_priority(&self) -> bool {
+        self.engine_priority.unwrap_or(defaults::ENGINE_PRIORITY)
+    }
+
+    /// How the pool's simulated replicas schedule: as given, else by
+    /// priority exactly when the gateway sends one (a replica that does
+    /// not schedule by priority refuses it).
+    pub fn simulated_scheduling(&self) -> Option<EngineScheduling> {
+        let simulated = self.simulated.as_ref()?;
+        Some(
+            simulated
+                .scheduling_policy
+                .unwrap_or(if self.engine_priority() {
+                    EngineScheduling::Priority
+                } else {
+                    EngineScheduling::Fcfs
+                }),
+        )
     }
 
     /// The model adapters are applied to (`parent` in `/v1/models`).
@@ -651,6 +679,22 @@ pub struct Simulated {
     pub time_scale: Option<f64>,
     #[serde(default)]
     pub seed: Option<u64>,
+    /// The replicas' vLLM `--scheduling-policy`; default `priority` when
+    /// the pool's `enginePriority` is on, else `fcfs`.
+    #[serde(default)]
+    pub scheduling_policy: Option<EngineScheduling>,
+}
+
+/// How an engine orders the requests it holds: vLLM's
+/// `--scheduling-policy`, with its names.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineScheduling {
+    /// First come, first served; a request's `priority` other than 0 is
+    /// refused.
+    Fcfs,
+    /// By the request's `priority` (lower first), then arrival.
+    Priority,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

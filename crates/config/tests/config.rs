@@ -553,3 +553,57 @@ fn discovery_problems_are_named() {
         );
     }
 }
+
+#[test]
+fn engine_priority_is_off_by_default_and_for_vllm_only() {
+    let c = from_yaml(&minimal(
+        "    - {name: p, models: [m], endpoints: [\"a:1\"]}\n",
+    ))
+    .unwrap();
+    assert!(!c.spec.pools[0].engine_priority());
+    let c = from_yaml(&minimal(
+        "    - {name: p, engine: vllm, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n",
+    ))
+    .unwrap();
+    assert!(c.spec.pools[0].engine_priority());
+
+    let refused = problems(&minimal(
+        "    - {name: p, engine: sglang, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n    - {name: q, engine: none, models: [n], endpoints: [\"a:2\"], enginePriority: true}\n",
+    ));
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(
+        refused[0].starts_with("spec.pools[0].enginePriority: only vllm replicas")
+            && refused[0].contains("engine is sglang"),
+        "{refused:?}"
+    );
+    assert!(refused[1].contains("engine is none"), "{refused:?}");
+}
+
+#[test]
+fn simulated_replicas_schedule_by_priority_when_the_gateway_sends_it() {
+    use config::EngineScheduling;
+
+    let pool = |pool_fields: &str, simulated_fields: &str| {
+        minimal(&format!(
+            "    - {{name: p, engine: vllm, models: [m]{pool_fields}, simulated: {{replicas: 1, hardware: [a10g], model: llama-3.1-8b{simulated_fields}}}}}\n"
+        ))
+    };
+    let scheduling = |yaml: &str| from_yaml(yaml).unwrap().spec.pools[0].simulated_scheduling();
+    let on = ", enginePriority: true";
+    assert_eq!(scheduling(&pool("", "")), Some(EngineScheduling::Fcfs));
+    assert_eq!(scheduling(&pool(on, "")), Some(EngineScheduling::Priority));
+    assert_eq!(
+        scheduling(&pool("", ", schedulingPolicy: priority")),
+        Some(EngineScheduling::Priority)
+    );
+    assert_eq!(
+        problems(&pool(on, ", schedulingPolicy: fcfs")),
+        [
+            "spec.pools[0].simulated.schedulingPolicy: fcfs replicas refuse (400) the priority enginePriority sends; use priority, or leave it out"
+        ]
+    );
+    // Pools of real replicas have nothing to simulate.
+    let real =
+        minimal("    - {name: p, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n");
+    assert_eq!(scheduling(&real), None);
+}

@@ -11,7 +11,8 @@
 //! 2. authenticate — API key / JWT → tenant (auth/); anonymous when
 //!    authentication is off
 //! 3. parse — body → [`InferenceRequest`]; the bytes are forwarded
-//!    untouched but for a rewritten `model`
+//!    untouched but for a rewritten `model` (and the band's `priority`,
+//!    for replicas that schedule by it)
 //! 4. route — a rewrite may pick another model (a canary) and rewrite the
 //!    body's `model` to it (rewrite/); model name → pool (+ adapter), or,
 //!    for a model no local pool serves, the global members (members/):
@@ -411,6 +412,13 @@ async fn infer(
             },
         );
     }
+
+    // Replicas that schedule by priority get the band in the body, in
+    // place of any the client sent (a client may not jump their queue).
+    let body = match pool.engine_body(body, ticket.band) {
+        Ok(body) => body,
+        Err(e) => return refuse(record, e),
+    };
 
     // 9. forward, retrying other replicas before any byte.
     let outgoing = upstream::Outgoing {

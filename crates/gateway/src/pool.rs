@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
+use bytes::Bytes;
 use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use crate::admit::{Admission, OwnedPick};
+use crate::error::ApiError;
 use crate::request::InferenceRequest;
 use crate::server::WorkerId;
 use crate::telemetry::{EndpointSeries, Metrics, PoolMetrics};
@@ -344,6 +346,8 @@ pub struct Pool {
     metrics: PoolMetrics,
     engine: signals::Dialect,
     max_retries: usize,
+    /// The replicas schedule by priority: bodies carry the band.
+    engine_priority: bool,
 }
 
 impl Pool {
@@ -353,6 +357,7 @@ impl Pool {
             metrics,
             engine: spec.engine,
             max_retries: spec.retry.max_retries() as usize,
+            engine_priority: spec.engine_priority(),
         }
     }
 
@@ -376,6 +381,30 @@ impl Pool {
     /// Other replicas a request may try when none of it was sent.
     pub fn max_retries(&self) -> usize {
         self.max_retries
+    }
+
+    /// The body a request of `band` is sent to the replicas with: with the
+    /// band's `priority` in place of any the client sent when they
+    /// schedule by it (`enginePriority`), else as it is.
+    pub fn engine_body(&self, body: Bytes, band: config::Priority) -> Result<Bytes, ApiError> {
+        if !self.engine_priority {
+            return Ok(body);
+        }
+        // The parse stage has accepted the body as a JSON object.
+        crate::rewrite::body::with_priority(&body, engine_priority(band))
+            .ok_or_else(|| ApiError::invalid_request("The request body must be a JSON object."))
+    }
+}
+
+/// vLLM's `priority` for a band: lower is served first, and 0 (what a
+/// request without the field gets) is the most urgent value the gateway
+/// sends. Consecutive values, so each band is one step ahead of the next
+/// and nothing else is implied.
+pub fn engine_priority(band: config::Priority) -> i64 {
+    match band {
+        config::Priority::Critical => 0,
+        config::Priority::Standard => 1,
+        config::Priority::Sheddable => 2,
     }
 }
 

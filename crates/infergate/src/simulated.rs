@@ -19,6 +19,9 @@ struct Running {
 struct Key {
     pool: String,
     simulated: config::Simulated,
+    /// The replicas' scheduling policy, which may follow the pool's
+    /// `enginePriority`.
+    scheduling: config::EngineScheduling,
     served_model: String,
     adapters: Vec<String>,
 }
@@ -31,7 +34,8 @@ pub struct Prepared {
 
 enum Planned {
     Reused(usize),
-    Started(Running),
+    // Boxed: a running fleet's key is large, the index small.
+    Started(Box<Running>),
 }
 
 impl Fleets {
@@ -49,15 +53,16 @@ impl Fleets {
             let key = Key {
                 pool: pool.name.clone(),
                 simulated: simulated.clone(),
+                scheduling: scheduling(pool),
                 served_model: pool.base_model().to_owned(),
                 adapters: pool.adapters.clone(),
             };
             let planned = match self.running.iter().position(|r| r.key == key) {
                 Some(i) => Planned::Reused(i),
-                None => Planned::Started(Running {
+                None => Planned::Started(Box::new(Running {
                     fleet: start(&key).await?,
                     key,
-                }),
+                })),
             };
             let fleet = match &planned {
                 Planned::Reused(i) => &self.running[*i].fleet,
@@ -78,14 +83,19 @@ impl Fleets {
             .into_iter()
             .filter_map(|p| match p {
                 Planned::Reused(i) => old[i].take(),
-                Planned::Started(r) => Some(r),
+                Planned::Started(r) => Some(*r),
             })
             .collect();
     }
 }
 
 async fn start(key: &Key) -> anyhow::Result<sim::Fleet> {
-    let fleet = fleet_spec(&key.simulated, &key.served_model, &key.adapters);
+    let fleet = fleet_spec(
+        &key.simulated,
+        key.scheduling,
+        &key.served_model,
+        &key.adapters,
+    );
     sim::start_fleet(fleet).await.map_err(|e| {
         anyhow::anyhow!(
             "pool {:?}: cannot start simulated replicas: {e:#}",
@@ -95,7 +105,12 @@ async fn start(key: &Key) -> anyhow::Result<sim::Fleet> {
 }
 
 /// The fleet a simulated pool runs: what `serve` starts and `check` checks.
-fn fleet_spec(spec: &config::Simulated, served_model: &str, adapters: &[String]) -> sim::FleetSpec {
+fn fleet_spec(
+    spec: &config::Simulated,
+    scheduling: config::EngineScheduling,
+    served_model: &str,
+    adapters: &[String],
+) -> sim::FleetSpec {
     sim::FleetSpec {
         replicas: spec.replicas,
         hardware: spec.hardware.clone(),
@@ -104,10 +119,20 @@ fn fleet_spec(spec: &config::Simulated, served_model: &str, adapters: &[String])
         tensor_parallel: spec.tensor_parallel,
         adapters: adapters.to_vec(),
         max_loras: spec.max_loras,
+        scheduling_policy: match scheduling {
+            config::EngineScheduling::Fcfs => sim::SchedulingPolicy::Fcfs,
+            config::EngineScheduling::Priority => sim::SchedulingPolicy::Priority,
+        },
         time_scale: spec.time_scale.unwrap_or(config::defaults::SIM_TIME_SCALE),
         seed: spec.seed.unwrap_or_default(),
         ..sim::FleetSpec::default()
     }
+}
+
+/// The scheduling policy of a simulated pool's replicas.
+fn scheduling(pool: &config::Pool) -> config::EngineScheduling {
+    pool.simulated_scheduling()
+        .expect("called for simulated pools only")
 }
 
 /// What the simulator would refuse in the simulated pools of `config`,
@@ -136,7 +161,12 @@ pub fn problems(
         if !read || simulated.replicas == 0 || simulated.hardware.is_empty() {
             continue;
         }
-        let fleet = fleet_spec(simulated, pool.base_model(), &pool.adapters);
+        let fleet = fleet_spec(
+            simulated,
+            scheduling(pool),
+            pool.base_model(),
+            &pool.adapters,
+        );
         let mut found = Vec::new();
         pool_problems(&fleet, &pool.adapters, &at, &mut found);
         if found.is_empty()
@@ -492,7 +522,12 @@ mod tests {
             let yaml = pool(simulated, adapters);
             let config = config::from_yaml(&yaml).unwrap();
             let p = &config.spec.pools[0];
-            let fleet = fleet_spec(p.simulated.as_ref().unwrap(), p.base_model(), &p.adapters);
+            let fleet = fleet_spec(
+                p.simulated.as_ref().unwrap(),
+                scheduling(p),
+                p.base_model(),
+                &p.adapters,
+            );
             let refused = problems_of(&yaml);
             assert_eq!(
                 refused.is_empty(),

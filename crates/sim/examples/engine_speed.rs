@@ -75,6 +75,7 @@ fn main() {
                         prompt,
                         max_tokens: rng.range(50, 250),
                         adapter: None,
+                        priority: 0,
                     },
                 );
                 next += 1;

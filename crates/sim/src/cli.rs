@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::net::IpAddr;
 
+use crate::engine::SchedulingPolicy;
 use crate::faults::{Faults, MetricsFault};
 use crate::fleet::{Fleet, FleetSpec, start_fleet};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -45,6 +46,9 @@ pub struct SimArgs {
     /// Sequences per batch (default: vLLM's default for the GPU).
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
+    /// How each engine orders its requests, as vLLM's flag of that name.
+    #[arg(long, value_parser = scheduling_policy_parser(), default_value = SchedulingPolicy::default().as_str())]
+    pub scheduling_policy: SchedulingPolicy,
     /// Engine seconds per wall second: 10 runs the simulated GPUs 10× faster
     /// than real time (latencies in /metrics stay in engine seconds).
     #[arg(long, default_value_t = 1.0)]
@@ -89,6 +93,23 @@ fn dialect_parser() -> impl TypedValueParser<Value = Dialect> {
         .map(|name| metrics::parse_dialect(&name).expect("every possible value is a dialect"))
 }
 
+/// `--scheduling-policy`: vLLM's names, with what each does.
+fn scheduling_policy_parser() -> impl TypedValueParser<Value = SchedulingPolicy> {
+    let values = SchedulingPolicy::ALL.map(|policy| {
+        let help = match policy {
+            SchedulingPolicy::Fcfs => {
+                "first come, first served; a request with a non-zero `priority` is refused (400)"
+            }
+            SchedulingPolicy::Priority => {
+                "by the request's `priority` (lower first), then arrival; a waiting request short of KV memory preempts worse-priority running ones"
+            }
+        };
+        PossibleValue::new(policy.as_str()).help(help)
+    });
+    PossibleValuesParser::new(values)
+        .map(|name| name.parse().expect("every possible value is a policy"))
+}
+
 impl SimArgs {
     pub fn fleet_spec(&self) -> FleetSpec {
         FleetSpec {
@@ -100,6 +121,7 @@ impl SimArgs {
             adapters: self.adapters.clone(),
             max_loras: self.max_loras,
             max_num_seqs: self.max_num_seqs,
+            scheduling_policy: self.scheduling_policy,
             time_scale: self.time_scale,
             dialect: self.dialect,
             seed: self.seed,
@@ -166,6 +188,9 @@ pub fn describe(fleet: &Fleet, spec: &FleetSpec) -> String {
             first.max_loras
         );
     }
+    if spec.scheduling_policy != SchedulingPolicy::default() {
+        let _ = writeln!(out, "  scheduling policy: {}", spec.scheduling_policy);
+    }
     if spec.faults.any() {
         let faults = serde_json::to_string(&spec.faults).unwrap_or_default();
         let _ = writeln!(out, "  faults: {faults}");
@@ -216,6 +241,8 @@ mod tests {
             "frozen",
             "--slowdown",
             "2",
+            "--scheduling-policy",
+            "priority",
         ]);
         let spec = cli.sim.fleet_spec();
         assert_eq!(spec.replicas, 4);
@@ -231,6 +258,11 @@ mod tests {
         assert_eq!(spec.faults.metrics, MetricsFault::Frozen);
         assert_eq!(spec.faults.error_rate, 0.25);
         assert_eq!(spec.faults.slowdown, 2.0);
+        assert_eq!(spec.scheduling_policy, SchedulingPolicy::Priority);
+        assert_eq!(
+            spec.replica(1).engine_config().unwrap().scheduling_policy,
+            SchedulingPolicy::Priority
+        );
     }
 
     #[test]
@@ -239,6 +271,7 @@ mod tests {
         assert_eq!((spec.replicas, spec.base_port), (1, Some(9001)));
         assert_eq!(spec.hardware, ["h100"]);
         assert!(!spec.faults.any());
+        assert_eq!(spec.scheduling_policy, SchedulingPolicy::Fcfs);
         let os_ports = Cli::parse_from(["sim", "--base-port", "0"])
             .sim
             .fleet_spec();

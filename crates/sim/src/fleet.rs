@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, SchedulingPolicy};
 use crate::faults::{FaultState, Faults};
 use crate::http::{self, AppState, StopMode, StopSignal};
 use crate::metrics::{self, Dialect, Exporter, ReplicaIdentity};
@@ -37,6 +37,9 @@ pub struct ReplicaSpec {
     pub max_loras: Option<u32>,
     /// Sequences per batch; vLLM's default for the GPU when `None`.
     pub max_num_seqs: Option<u32>,
+    /// vLLM's `--scheduling-policy`: `fcfs` (its default) refuses requests
+    /// with a non-zero `priority`, `priority` serves them by it.
+    pub scheduling_policy: SchedulingPolicy,
     /// Which engine's `/metrics` names to speak: one of
     /// [`metrics::DIALECTS`].
     pub dialect: Dialect,
@@ -60,6 +63,7 @@ impl Default for ReplicaSpec {
             adapters: Vec::new(),
             max_loras: None,
             max_num_seqs: None,
+            scheduling_policy: SchedulingPolicy::default(),
             dialect: Dialect::Vllm,
             time_scale: 1.0,
             seed: 0,
@@ -93,6 +97,7 @@ impl ReplicaSpec {
             config.max_num_batched_tokens = config.max_num_batched_tokens.max(max_num_seqs);
         }
         config.slowdown = self.faults.slowdown;
+        config.scheduling_policy = self.scheduling_policy;
         config.validate().with_context(describe)?;
         if !self.adapters.is_empty() && config.max_loras == 0 {
             bail!(
@@ -230,6 +235,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         started_unix: unix_seconds(),
     };
     let lora_enabled = config.max_loras > 0;
+    let scheduling_policy = config.scheduling_policy;
     let model_root = config.model.hf_id;
     let max_model_len = config.max_model_len;
     let (engine, actor) = EngineClient::spawn(
@@ -245,6 +251,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         max_model_len,
         lora_enabled,
         seed: spec.seed,
+        scheduling_policy,
         engine,
         adapters: Mutex::new(Vec::new()),
         faults: FaultState::new(spec.faults.clone(), spec.seed).map_err(anyhow::Error::msg)?,
@@ -288,6 +295,8 @@ pub struct FleetSpec {
     pub adapters: Vec<String>,
     pub max_loras: Option<u32>,
     pub max_num_seqs: Option<u32>,
+    /// As in [`ReplicaSpec::scheduling_policy`].
+    pub scheduling_policy: SchedulingPolicy,
     pub time_scale: f64,
     pub dialect: Dialect,
     /// The same seed on every replica, so a prompt gets the same answer
@@ -310,6 +319,7 @@ impl Default for FleetSpec {
             adapters: Vec::new(),
             max_loras: None,
             max_num_seqs: None,
+            scheduling_policy: SchedulingPolicy::default(),
             time_scale: 1.0,
             dialect: Dialect::Vllm,
             seed: 0,
@@ -334,6 +344,7 @@ impl FleetSpec {
             adapters: self.adapters.clone(),
             max_loras: self.max_loras,
             max_num_seqs: self.max_num_seqs,
+            scheduling_policy: self.scheduling_policy,
             dialect: self.dialect,
             time_scale: self.time_scale,
             seed: self.seed,

@@ -23,6 +23,7 @@ pub mod metrics;
 mod replica;
 pub mod tokenizer;
 
+pub use engine::SchedulingPolicy;
 pub use faults::{Faults, FaultsUpdate, MetricsFault};
 pub use fleet::{
     Fleet, FleetSpec, ReplicaHandle, ReplicaInfo, ReplicaSpec, start_fleet, start_replica,

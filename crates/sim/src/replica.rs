@@ -50,6 +50,9 @@ pub struct Generation {
     pub prompt: Vec<u32>,
     pub max_tokens: u32,
     pub adapter: Option<String>,
+    /// The request's `priority` (vLLM's field; lower is served first under
+    /// priority scheduling).
+    pub priority: i64,
     /// Whether the client set `max_tokens` (the answer then ends by length,
     /// otherwise the simulated model stops by itself).
     pub limited_by_max_tokens: bool,
@@ -318,6 +321,7 @@ impl EngineActor {
                     prompt: generation.prompt,
                     max_tokens: generation.max_tokens,
                     adapter: generation.adapter,
+                    priority: generation.priority,
                 };
                 self.engine.submit(self.now, request);
             }

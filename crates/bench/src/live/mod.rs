@@ -79,7 +79,11 @@ pub async fn run(
     options: &LiveOptions,
 ) -> anyhow::Result<LiveRun> {
     // A fleet per run would print a start-up line per replica each time.
-    let replicas = sim::start_fleet(fleet.sim_spec(options.time_scale, options.seed))
+    let mut spec = fleet.sim_spec(options.time_scale, options.seed);
+    if let RouterUnderTest::Infergate(policy) = router {
+        spec.scheduling_policy = policy.engine_scheduling();
+    }
+    let replicas = sim::start_fleet(spec)
         .with_subscriber(NoSubscriber::default())
         .await
         .context("starting the simulated replicas")?;

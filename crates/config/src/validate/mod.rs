@@ -19,7 +19,7 @@ pub use security::tenant_name;
 
 use crate::defaults;
 use crate::problem::{Problem, Problems, Unreadable};
-use crate::schema::{InferenceGatewayConfig, Policy, Pool, Telemetry};
+use crate::schema::{EngineScheduling, InferenceGatewayConfig, Policy, Pool, Telemetry};
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
@@ -351,6 +351,27 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unread
                 "simulated replicas speak the vllm metrics dialect",
             );
         }
+        if pool.engine_priority() && sim.scheduling_policy == Some(EngineScheduling::Fcfs) {
+            p.add(
+                format!("{sp}.schedulingPolicy"),
+                "fcfs replicas refuse (400) the priority enginePriority sends; use priority, or leave it out",
+            );
+        }
+    }
+    check_engine_priority(p, path, pool);
+}
+
+/// `enginePriority` only for engines known to read the band as the gateway
+/// writes it (`priority`, lower first).
+fn check_engine_priority(p: &mut Problems, path: &str, pool: &Pool) {
+    if pool.engine_priority() && pool.engine != Dialect::Vllm {
+        p.add(
+            format!("{path}.enginePriority"),
+            format!(
+                "only vllm replicas (started with --scheduling-policy priority) read a request's priority; this pool's engine is {}",
+                pool.engine
+            ),
+        );
     }
 }
 

@@ -1,9 +1,11 @@
-//! The one change the gateway ever makes to a request body: the value of
-//! its top-level `model`, replaced in place. Every other byte is passed
-//! on as the client sent it (no re-serialization: number formats, key
-//! order, whitespace and unknown fields all stay as they were).
+//! The changes the gateway ever makes to a request body: the value of its
+//! top-level `model`, replaced in place, and, for engines that schedule by
+//! priority, its top-level `priority`, replaced or added. Every other byte
+//! is passed on as the client sent it (no re-serialization: number
+//! formats, key order, whitespace and unknown fields all stay as they
+//! were).
 //!
-//! The value is found by walking the top-level object's members, skipping
+//! A value is found by walking the top-level object's members, skipping
 //! each value by its structure (strings with their escapes, nested
 //! brackets, scalars). Written by hand because serde_json does not say
 //! where a value lies (its `raw_value` feature would, at the price of
@@ -19,11 +21,38 @@ use bytes::Bytes;
 /// with the key twice has both replaced, so no reader can see the old
 /// name). `None` when the body is not a JSON object with a `model`.
 pub fn with_model(body: &[u8], model: &str) -> Option<Bytes> {
-    let spans = model_spans(body)?;
+    let spans = value_spans(body, "model")?;
     if spans.is_empty() {
         return None;
     }
     let value = serde_json::to_string(model).ok()?;
+    Some(replace_spans(body, &spans, &value))
+}
+
+/// `body` with its top-level `priority` set to `priority`: every such
+/// value replaced (so no reader sees the client's), or the member added
+/// first in the object when there is none. `None` when the body is not a
+/// JSON object.
+pub fn with_priority(body: &[u8], priority: i64) -> Option<Bytes> {
+    let spans = value_spans(body, "priority")?;
+    let value = priority.to_string();
+    if !spans.is_empty() {
+        return Some(replace_spans(body, &spans, &value));
+    }
+    // `value_spans` has checked the object: its `{` is the first byte
+    // after any leading space.
+    let open = skip_space(body, 0);
+    let empty = body.get(skip_space(body, open + 1)) == Some(&b'}');
+    let member = format!("\"priority\":{value}{}", if empty { "" } else { "," });
+    let mut out = Vec::with_capacity(body.len() + member.len());
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(member.as_bytes());
+    out.extend_from_slice(&body[open + 1..]);
+    Some(Bytes::from(out))
+}
+
+/// `body` with each of `spans` (in body order) replaced by `value`.
+fn replace_spans(body: &[u8], spans: &[Range<usize>], value: &str) -> Bytes {
     let removed: usize = spans.iter().map(|s| s.len()).sum();
     let mut out = Vec::with_capacity(body.len() - removed + value.len() * spans.len());
     let mut at = 0;
@@ -33,11 +62,12 @@ pub fn with_model(body: &[u8], model: &str) -> Option<Bytes> {
         at = span.end;
     }
     out.extend_from_slice(&body[at..]);
-    Some(Bytes::from(out))
+    Bytes::from(out)
 }
 
-/// The byte ranges of the top-level `model` values, in body order.
-fn model_spans(body: &[u8]) -> Option<Vec<Range<usize>>> {
+/// The byte ranges of the values of the top-level members named `name`,
+/// in body order. `None` when the body is not a JSON object.
+fn value_spans(body: &[u8], name: &str) -> Option<Vec<Range<usize>>> {
     let mut at = skip_space(body, 0);
     if body.get(at) != Some(&b'{') {
         return None;
@@ -49,14 +79,14 @@ fn model_spans(body: &[u8]) -> Option<Vec<Range<usize>>> {
     }
     loop {
         let key = string_end(body, at)?;
-        let is_model = is_model_key(&body[at..key])?;
+        let is_named = is_key(&body[at..key], name)?;
         at = skip_space(body, key);
         if body.get(at) != Some(&b':') {
             return None;
         }
         let value_start = skip_space(body, at + 1);
         let value_end = value_end(body, value_start)?;
-        if is_model {
+        if is_named {
             spans.push(value_start..value_end);
         }
         at = skip_space(body, value_end);
@@ -68,16 +98,13 @@ fn model_spans(body: &[u8]) -> Option<Vec<Range<usize>>> {
     }
 }
 
-/// Whether the quoted key (quotes included) is `model`, escapes decoded.
-fn is_model_key(quoted: &[u8]) -> Option<bool> {
-    if quoted == b"\"model\"" {
-        return Some(true);
-    }
+/// Whether the quoted key (quotes included) is `name`, escapes decoded.
+fn is_key(quoted: &[u8], name: &str) -> Option<bool> {
     if !quoted.contains(&b'\\') {
-        return Some(false);
+        return Some(&quoted[1..quoted.len() - 1] == name.as_bytes());
     }
     let key: String = serde_json::from_slice(quoted).ok()?;
-    Some(key == "model")
+    Some(key == name)
 }
 
 fn skip_space(body: &[u8], mut at: usize) -> usize {
@@ -193,5 +220,57 @@ mod tests {
         let mut sent: serde_json::Value = serde_json::from_str(body).unwrap();
         sent["model"] = "v2".into();
         assert_eq!(got, sent);
+    }
+
+    fn prioritized(body: &str, priority: i64) -> String {
+        String::from_utf8(with_priority(body.as_bytes(), priority).unwrap().to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_client_priority_is_replaced_in_place() {
+        let body = r#"{"model":"m", "priority" : -100,"x":{"priority":7},"s":"\"priority\": 1"}"#;
+        assert_eq!(
+            prioritized(body, 2),
+            r#"{"model":"m", "priority" : 2,"x":{"priority":7},"s":"\"priority\": 1"}"#
+        );
+        // Whatever its type, and however often or however spelt.
+        assert_eq!(
+            prioritized(r#"{"priority":"high","model":"m","pri\u006frity":[0]}"#, 1),
+            r#"{"priority":1,"model":"m","pri\u006frity":1}"#
+        );
+    }
+
+    #[test]
+    fn a_missing_priority_is_added_first() {
+        assert_eq!(
+            prioritized(r#" { "model": "m", "messages": [] }"#, 0),
+            r#" {"priority":0, "model": "m", "messages": [] }"#
+        );
+        assert_eq!(prioritized("{ }", 1), r#"{"priority":1 }"#);
+        // Nested `priority` members are the client's business.
+        assert_eq!(
+            prioritized(r#"{"x":{"priority":0}}"#, 2),
+            r#"{"priority":2,"x":{"priority":0}}"#
+        );
+    }
+
+    #[test]
+    fn the_result_is_the_body_with_its_priority_set() {
+        for body in [
+            r#"{"model":"m","priority":5,"n":-1.5e3,"t":true,"z":null}"#,
+            r#"{"model":"m","a":[1,{"priority":"x","s":"]}\"["}]}"#,
+        ] {
+            let got: serde_json::Value = serde_json::from_str(&prioritized(body, 1)).unwrap();
+            let mut sent: serde_json::Value = serde_json::from_str(body).unwrap();
+            sent["priority"] = 1.into();
+            assert_eq!(got, sent, "{body}");
+        }
+    }
+
+    #[test]
+    fn only_objects_get_a_priority() {
+        assert!(with_priority(br#"[1]"#, 0).is_none());
+        assert!(with_priority(br#"{"model":"a""#, 0).is_none());
+        assert!(with_priority(b"", 0).is_none());
     }
 }

@@ -410,3 +410,127 @@ async fn a_storm_gets_exactly_one_answer_per_request() {
     assert!(ok("critical") >= ok("sheddable"), "{outcomes:?}");
     assert_eq!(gw.queued("p"), Some([0, 0, 0]));
 }
+
+/// One replica whose model `m` is critical, scraped every 20 ms, with the
+/// pool's `enginePriority` as given.
+fn engine_priority_pool(replica: &str, engine_priority: bool) -> config::InferenceGatewayConfig {
+    config(
+        "  admin: {address: \"127.0.0.1:0\"}\n  objectives: {m: critical}\n",
+        &format!(
+            "    - {{name: p, models: [m], endpoints: [\"{replica}\"], enginePriority: {engine_priority}, scheduling: {{metrics: {{interval: 20ms, staleAfter: 2s}}}}}}\n"
+        ),
+    )
+}
+
+async fn send_body(gw: &Gateway, band: Option<&str>, body: &'static str) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(body);
+    if let Some(band) = band {
+        req = req.header("x-infergate-priority", band);
+    }
+    req.send().await.unwrap()
+}
+
+const WITH_PRIORITY: &str =
+    r#"{"model":"m","priority":-100,"messages":[{"role":"user","content":"hi"}]}"#;
+const WITHOUT_PRIORITY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+#[tokio::test]
+async fn engine_priority_sends_the_band_in_place_of_the_clients() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    release(&replica);
+    let gw = Gateway::start(&engine_priority_pool(&replica.addr.to_string(), true))
+        .await
+        .unwrap();
+    debug_shows(&gw, "waiting", json!(0)).await;
+    // The header may lower the model's band (critical) to any other.
+    let sent = [
+        (None, WITH_PRIORITY),
+        (Some("standard"), WITH_PRIORITY),
+        (Some("sheddable"), WITH_PRIORITY),
+        (Some("standard"), WITHOUT_PRIORITY),
+        (None, WITHOUT_PRIORITY),
+    ];
+    for (band, body) in sent {
+        assert_eq!(send_body(&gw, band, body).await.status(), 200, "{band:?}");
+    }
+    let seen: Vec<Value> = replica
+        .received()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    let priorities: Vec<&Value> = seen.iter().map(|b| &b["priority"]).collect();
+    assert_eq!(
+        priorities,
+        [&json!(0), &json!(1), &json!(2), &json!(1), &json!(0)]
+    );
+    for (body, (_, sent)) in seen.iter().zip(sent) {
+        let mut want: Value = serde_json::from_str(sent).unwrap();
+        want["priority"] = body["priority"].clone();
+        assert_eq!(body, &want, "nothing else changes");
+    }
+}
+
+#[tokio::test]
+async fn without_engine_priority_the_body_is_forwarded_untouched() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    release(&replica);
+    let gw = Gateway::start(&engine_priority_pool(&replica.addr.to_string(), false))
+        .await
+        .unwrap();
+    debug_shows(&gw, "waiting", json!(0)).await;
+    for body in [WITH_PRIORITY, WITHOUT_PRIORITY] {
+        assert_eq!(send_body(&gw, Some("sheddable"), body).await.status(), 200);
+    }
+    let bodies: Vec<bytes::Bytes> = replica.received().into_iter().map(|r| r.body).collect();
+    assert_eq!(bodies, [WITH_PRIORITY, WITHOUT_PRIORITY]);
+}
+
+/// The simulated vLLM reads the band the gateway sends: started with
+/// priority scheduling it serves every band; started first-come,
+/// first-served it refuses any priority but 0, as vLLM does, which is why
+/// `enginePriority` is an opt-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_replica_takes_the_band_only_when_it_schedules_by_priority() {
+    for policy in [sim::SchedulingPolicy::Priority, sim::SchedulingPolicy::Fcfs] {
+        let replica = sim::start_replica(
+            "127.0.0.1:0".parse().unwrap(),
+            sim::ReplicaSpec {
+                served_model_name: Some("m".into()),
+                time_scale: 50.0,
+                scheduling_policy: policy,
+                ..sim::ReplicaSpec::new("a10g", "llama-3.1-8b")
+            },
+        )
+        .await
+        .unwrap();
+        let cfg = engine_priority_pool(&replica.local_addr().to_string(), true);
+        let gw = Gateway::start(&cfg).await.unwrap();
+        debug_shows(&gw, "waiting", json!(0)).await;
+        let critical = send_body(&gw, None, WITH_PRIORITY).await;
+        assert_eq!(
+            critical.status(),
+            200,
+            "{policy}: priority 0 is vLLM's default"
+        );
+        let standard = send_body(&gw, Some("standard"), WITH_PRIORITY).await;
+        let status = standard.status();
+        let body: Value = standard.json().await.unwrap();
+        match policy {
+            sim::SchedulingPolicy::Priority => {
+                assert_eq!(status, 200, "{body}");
+                assert_eq!(body["object"], "chat.completion");
+            }
+            sim::SchedulingPolicy::Fcfs => {
+                assert_eq!(status, 400, "{body}");
+                let message = body["error"]["message"].as_str().unwrap();
+                assert!(
+                    message.contains("Got priority 1 but Priority scheduling is not enabled"),
+                    "{message}"
+                );
+            }
+        }
+    }
+}

@@ -91,6 +91,7 @@ fn run(
                 prompt: synthetic_prompt(id, workload.prompt_tokens),
                 max_tokens: workload.output_tokens,
                 adapter: None,
+                priority: 0,
             },
         );
         submit_at.push(now);

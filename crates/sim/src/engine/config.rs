@@ -27,6 +27,49 @@ pub const DEFAULT_STEP_OVERHEAD_SECONDS: f64 = 1e-3;
 /// Largest tensor-parallel group modelled: one node of eight GPUs.
 pub const MAX_TENSOR_PARALLEL: u32 = 8;
 
+/// How the engine orders its waiting and running requests, as vLLM's
+/// `--scheduling-policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SchedulingPolicy {
+    /// First come, first served (vLLM's default). A request's `priority`
+    /// other than 0 is refused, as vLLM refuses it.
+    #[default]
+    Fcfs,
+    /// By the request's `priority` (lower first), then arrival. A waiting
+    /// request that does not fit in KV memory preempts running requests of
+    /// a worse priority.
+    Priority,
+}
+
+impl SchedulingPolicy {
+    pub const ALL: [SchedulingPolicy; 2] = [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority];
+
+    /// vLLM's spelling: `fcfs`, `priority`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingPolicy::Fcfs => "fcfs",
+            SchedulingPolicy::Priority => "priority",
+        }
+    }
+}
+
+impl std::fmt::Display for SchedulingPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SchedulingPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown scheduling policy {s:?} (expected fcfs or priority)"))
+    }
+}
+
 /// Why a configuration cannot be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -117,6 +160,8 @@ pub struct EngineConfig {
     /// Use this many KV blocks instead of the memory plan's figure (vLLM's
     /// `--num-gpu-blocks-override`); for experiments and tests.
     pub num_gpu_blocks_override: Option<u64>,
+    /// vLLM's `--scheduling-policy`.
+    pub scheduling_policy: SchedulingPolicy,
 }
 
 impl EngineConfig {
@@ -156,6 +201,7 @@ impl EngineConfig {
             slowdown: 1.0,
             step_overhead_seconds: DEFAULT_STEP_OVERHEAD_SECONDS,
             num_gpu_blocks_override: None,
+            scheduling_policy: SchedulingPolicy::default(),
         };
         cfg.check_fits()?;
         cfg.max_model_len = cfg.max_model_len.min(cfg.kv_capacity_tokens());

@@ -13,6 +13,9 @@ pub struct SimRequest {
     pub max_tokens: u32,
     /// LoRA adapter name, or `None` for the base model.
     pub adapter: Option<String>,
+    /// vLLM's request `priority`: lower is served first under priority
+    /// scheduling; ignored under first come, first served.
+    pub priority: i64,
 }
 
 /// Why a request stopped.

@@ -38,6 +38,7 @@ pub use config::{
     ACTIVATION_RESERVE_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_LORA_LOAD_SECONDS, DEFAULT_MAX_LORA_RANK, DEFAULT_MAX_LORAS,
     DEFAULT_STEP_OVERHEAD_SECONDS, EngineConfig, MAX_TENSOR_PARALLEL, MemoryPlan, ProfileError,
+    SchedulingPolicy,
 };
 pub use interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
 pub use profiles::{

@@ -29,6 +29,8 @@ pub(crate) struct Request {
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<u32>,
     pub adapter: Option<AdapterId>,
+    /// The request's `priority` (lower first under priority scheduling).
+    pub priority: i64,
     /// Root of the prefix-cache hash chain (depends on the adapter).
     pub hash_root: u64,
     /// Chained hashes of the full blocks hashed so far.
@@ -52,6 +54,7 @@ impl Request {
             num_computed: 0,
             cached_tokens: None,
             adapter: None,
+            priority: 0,
             hash_root: 0,
             block_hashes: Vec::new(),
             blocks: Vec::new(),

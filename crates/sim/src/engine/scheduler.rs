@@ -17,17 +17,34 @@
 //!    that does not fit in KV memory stops admission (head-of-line), while a
 //!    request blocked only by LoRA slots is passed over.
 //!
+//! Under priority scheduling (vLLM's `--scheduling-policy priority`), both
+//! queues are ordered by (priority, arrival) instead: running requests are
+//! kept in that order, so step 1 serves the best first and preempts the
+//! worst; the waiting queue is led by the best priority; and before a step
+//! is formed, a waiting head that does not fit in free KV memory preempts
+//! running requests of a worse priority, worst first, until it fits
+//! (vLLM's priority preemption).
+//!
 //! The step's duration comes from the roofline model ([`super::timing`]).
 
 use std::collections::HashMap;
 
-use super::config::EngineConfig;
+use super::config::{EngineConfig, SchedulingPolicy};
 use super::interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
 use super::kv_cache::{BlockHasher, KvCache};
 use super::lora::LoraManager;
 use super::request::{Phase, RequestTable};
 use super::timing::{Roofline, StepLoad};
 use super::waiting::{SlotRef, WaitingQueue};
+
+/// A request's rank in the waiting queue: its priority under priority
+/// scheduling, else the same for every request.
+fn rank(policy: SchedulingPolicy, priority: i64) -> i64 {
+    match policy {
+        SchedulingPolicy::Fcfs => 0,
+        SchedulingPolicy::Priority => priority,
+    }
+}
 
 /// The step in flight.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,7 +86,8 @@ pub struct Engine {
     waiting: WaitingQueue,
     requests: RequestTable,
     by_id: HashMap<u64, u32>,
-    /// Running requests in admission order (the last is preempted first).
+    /// Running requests in admission order, or by (priority, arrival) under
+    /// priority scheduling (the last is preempted first).
     running: Vec<u32>,
     /// End time of the step in flight.
     step_end: Option<f64>,
@@ -179,6 +197,7 @@ impl Engine {
         r.num_computed = 0;
         r.cached_tokens = None;
         r.adapter = adapter;
+        r.priority = req.priority;
         r.hash_root = hash_root;
         r.registered_blocks = 0;
         if self.cfg.enable_prefix_caching {
@@ -186,9 +205,11 @@ impl Engine {
             r.hash_blocks(&mut self.hasher, self.cfg.block_size, prompt_len);
         }
         let lane = r.lane();
+        let rank = rank(self.cfg.scheduling_policy, r.priority);
         self.next_serial += 1;
         self.by_id.insert(req.id, slot);
-        self.waiting.push_back(lane, self.requests.slot_ref(slot));
+        self.waiting
+            .push_back(lane, rank, self.requests.slot_ref(slot));
         if self.step_end.is_none() && self.start_at.is_none() {
             self.start_at = Some(now);
         }
@@ -447,6 +468,12 @@ impl Engine {
         let block_size = self.cfg.block_size;
         let this_step = self.counters.steps + 1;
 
+        // 0. Priority preemption: room for a better waiting head. It does
+        // not stop admission below, since making room is its point.
+        if self.cfg.scheduling_policy == SchedulingPolicy::Priority {
+            self.preempt_for_waiting_head();
+        }
+
         // 1. Running requests: decodes and unfinished chunked prefills.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -521,7 +548,7 @@ impl Engine {
             {
                 lora_loads += 1;
             }
-            self.running.push(slot);
+            self.add_running(slot);
             self.register_blocks(slot, hit_tokens + new);
             load.add_chunk(
                 hit_tokens,
@@ -539,7 +566,54 @@ impl Engine {
         (load, lora_loads, preempted)
     }
 
-    /// The FCFS head among the requests allowed to run: when every LoRA slot
+    /// Where a running request stands under priority scheduling: smaller
+    /// is better, the last of `running` is the worst.
+    fn running_key(&self, slot: u32) -> (i64, u64) {
+        let r = self.requests.get(slot);
+        (r.priority, r.serial)
+    }
+
+    /// Add an admitted request to `running`: at the end, or at its place
+    /// by (priority, arrival) under priority scheduling.
+    fn add_running(&mut self, slot: u32) {
+        match self.cfg.scheduling_policy {
+            SchedulingPolicy::Fcfs => self.running.push(slot),
+            SchedulingPolicy::Priority => {
+                let key = self.running_key(slot);
+                let at = self.running.partition_point(|&s| self.running_key(s) < key);
+                self.running.insert(at, slot);
+            }
+        }
+    }
+
+    /// Preempt running requests of a worse priority than the waiting head,
+    /// worst first, while the head's first chunk does not fit in the free
+    /// KV blocks (counting its cached prefix as found).
+    fn preempt_for_waiting_head(&mut self) {
+        let Some((_, head)) = self.next_candidate() else {
+            return;
+        };
+        let r = self.requests.get(head.slot);
+        let (priority, num_tokens) = (r.priority, r.num_tokens());
+        let block_size = self.cfg.block_size;
+        let max_hit_blocks = ((num_tokens - 1) / block_size) as usize;
+        let hashes = &r.block_hashes[..max_hit_blocks.min(r.block_hashes.len())];
+        let hit_blocks = self.kv.find_cached_prefix(hashes, &mut self.hits) as u32;
+        let first_chunk = num_tokens.min(hit_blocks * block_size + self.cfg.max_num_batched_tokens);
+        let needed = self.kv.blocks_for(first_chunk).saturating_sub(hit_blocks);
+        while self.kv.num_free() < needed {
+            let Some(&worst) = self.running.last() else {
+                return;
+            };
+            if self.requests.get(worst).priority <= priority {
+                return;
+            }
+            self.running.pop();
+            self.preempt(worst);
+        }
+    }
+
+    /// The waiting head among the requests allowed to run: when every LoRA slot
     /// is taken by a running adapter, only the base model and those adapters.
     fn next_candidate(&self) -> Option<(usize, SlotRef)> {
         if !(self.lora.enabled() && self.lora.slots_full()) {
@@ -547,8 +621,8 @@ impl Engine {
         }
         let lanes = std::iter::once(0).chain(self.lora.in_use().iter().map(|&a| a as usize + 1));
         lanes
-            .filter_map(|lane| self.waiting.head(lane).map(|(seq, at)| (seq, lane, at)))
-            .min_by_key(|&(seq, _, _)| seq)
+            .filter_map(|lane| self.waiting.head(lane).map(|(order, at)| (order, lane, at)))
+            .min_by_key(|&(order, _, _)| order)
             .map(|(_, lane, at)| (lane, at))
     }
 
@@ -563,10 +637,12 @@ impl Engine {
         r.registered_blocks = 0;
         r.phase = Phase::Waiting;
         let lane = r.lane();
+        let rank = rank(self.cfg.scheduling_policy, r.priority);
         if let Some(a) = r.adapter {
             self.lora.release(a);
         }
-        self.waiting.push_front(lane, self.requests.slot_ref(slot));
+        self.waiting
+            .push_front(lane, rank, self.requests.slot_ref(slot));
         self.counters.preemptions += 1;
     }
 

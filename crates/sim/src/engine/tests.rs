@@ -14,6 +14,7 @@ fn request(id: u64, prompt: Vec<u32>, max_tokens: u32) -> SimRequest {
         prompt,
         max_tokens,
         adapter: None,
+        priority: 0,
     }
 }
 
@@ -610,6 +611,7 @@ fn mixed_workload() -> Vec<EngineEvent> {
                 prompt,
                 max_tokens: 20 + (id as u32 * 13) % 200,
                 adapter: (!adapter.is_empty()).then(|| adapter.to_owned()),
+                priority: 0,
             },
         );
         if id % 7 == 3 {
@@ -637,4 +639,133 @@ fn the_same_inputs_give_the_same_events() {
         )
     });
     assert!(preempted_or_aborted);
+}
+
+fn with_priority(mut request: SimRequest, priority: i64) -> SimRequest {
+    request.priority = priority;
+    request
+}
+
+/// Five 8-block prompts on a 12-block cache (one fits at a time),
+/// submitted together with priorities 2, 2, 2, 1, 0: the ids in the order
+/// of their first tokens.
+fn first_token_order(policy: SchedulingPolicy) -> Vec<u64> {
+    let mut cfg = config("h100", "llama-3.1-8b");
+    cfg.num_gpu_blocks_override = Some(12);
+    cfg.max_model_len = 192;
+    cfg.scheduling_policy = policy;
+    let mut engine = Engine::new(cfg);
+    for (id, priority) in [(0, 2), (1, 2), (2, 2), (3, 1), (4, 0)] {
+        let r = request(id, synthetic_prompt(id, 128), 2);
+        engine.submit(0.0, with_priority(r, priority));
+    }
+    let events = drain(&mut engine, |_| {});
+    let mut ids: Vec<u64> = (0..5).collect();
+    ids.sort_by(|a, b| first_token_at(&events, *a).total_cmp(&first_token_at(&events, *b)));
+    ids
+}
+
+#[test]
+fn priority_scheduling_serves_lower_priority_values_first() {
+    assert_eq!(
+        first_token_order(SchedulingPolicy::Priority),
+        [4, 3, 0, 1, 2]
+    );
+    // First come, first served ignores the field.
+    assert_eq!(first_token_order(SchedulingPolicy::Fcfs), [0, 1, 2, 3, 4]);
+}
+
+/// A 16-block prompt that grows to fill a 20-block cache (priority
+/// `bulk`), and a 4-block prompt (priority `urgent`) that arrives once the
+/// first has generated 20 tokens and no longer leaves it room. Returns the
+/// events and the preemptions.
+fn urgent_behind_bulk(policy: SchedulingPolicy, bulk: i64, urgent: i64) -> (Vec<EngineEvent>, u64) {
+    let mut cfg = config("h100", "llama-3.1-8b");
+    cfg.num_gpu_blocks_override = Some(20);
+    cfg.max_model_len = 320;
+    cfg.scheduling_policy = policy;
+    let mut engine = Engine::new(cfg);
+    engine.submit(
+        0.0,
+        with_priority(request(1, synthetic_prompt(1, 256), 50), bulk),
+    );
+    let mut events = Vec::new();
+    let tokens_of_bulk = |events: &[EngineEvent]| {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    EngineEvent::FirstToken { id: 1, .. } | EngineEvent::Token { id: 1, .. }
+                )
+            })
+            .count()
+    };
+    let mut now = 0.0;
+    while tokens_of_bulk(&events) < 20 {
+        now = engine.next_event_at().expect("the bulk request is running");
+        engine.advance(now, &mut events);
+    }
+    assert!(engine.stats().kv_usage > 0.85, "{:?}", engine.stats());
+    engine.submit(
+        now,
+        with_priority(request(2, synthetic_prompt(2, 64), 2), urgent),
+    );
+    events.extend(drain(&mut engine, |_| {}));
+    for id in [1, 2] {
+        let (_, tokens, ..) = finished(&events, id);
+        assert_eq!(
+            tokens,
+            if id == 1 { 50 } else { 2 },
+            "request {id} completes"
+        );
+    }
+    (events, engine.stats().preemptions_total)
+}
+
+#[test]
+fn a_better_priority_that_does_not_fit_preempts_a_worse_running_request() {
+    let (events, preemptions) = urgent_behind_bulk(SchedulingPolicy::Priority, 2, 0);
+    assert!(preemptions >= 1);
+    assert!(
+        first_token_at(&events, 2) < finished(&events, 1).0,
+        "the urgent request is served before the bulk one ends"
+    );
+}
+
+#[test]
+fn without_priority_or_against_a_better_one_the_newcomer_waits() {
+    for (policy, bulk, urgent) in [
+        (SchedulingPolicy::Fcfs, 2, 0),
+        (SchedulingPolicy::Priority, 0, 2),
+        (SchedulingPolicy::Priority, 1, 1),
+    ] {
+        let (events, preemptions) = urgent_behind_bulk(policy, bulk, urgent);
+        let what = format!("{policy}, bulk {bulk}, newcomer {urgent}");
+        assert_eq!(preemptions, 0, "{what}");
+        assert!(
+            first_token_at(&events, 2) > finished(&events, 1).0,
+            "{what}: waits for the memory the running request frees"
+        );
+    }
+}
+
+#[test]
+fn running_requests_are_kept_in_priority_order() {
+    // Growth preemption under priority scheduling takes the worst priority,
+    // not the newest: the newest (and best) request finishes first.
+    let mut cfg = config("h100", "llama-3.1-8b");
+    cfg.num_gpu_blocks_override = Some(20);
+    cfg.max_model_len = 320;
+    cfg.scheduling_policy = SchedulingPolicy::Priority;
+    let mut engine = Engine::new(cfg);
+    for (id, priority) in [(0, 3), (1, 2), (2, 1), (3, 0)] {
+        let r = request(id, synthetic_prompt(id, 48), 100);
+        engine.submit(0.0, with_priority(r, priority));
+    }
+    let events = drain(&mut engine, |_| {});
+    assert!(engine.stats().preemptions_total > 0);
+    let done: Vec<f64> = (0..4).map(|id| finished(&events, id).0).collect();
+    assert!(done[3] < done[0], "{done:?}");
+    assert!(done[2] < done[0], "{done:?}");
 }

@@ -83,6 +83,7 @@ fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
                 prompt: Prompt {
                     tokens: request.prompt_tokens(),
                     max_tokens: request.requested_max_tokens(),
+                    priority: request.priority,
                     model: request.model,
                 },
                 stream: request.stream.unwrap_or(false),
@@ -100,6 +101,7 @@ fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
                 prompt: Prompt {
                     tokens: prompt,
                     max_tokens: request.max_tokens,
+                    priority: request.priority,
                     model: request.model,
                 },
                 stream: request.stream.unwrap_or(false),

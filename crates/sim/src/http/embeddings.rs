@@ -123,6 +123,7 @@ async fn embed(state: Arc<AppState>, body: Incoming) -> Result<Response<Response
             prompt: tokens.clone(),
             max_tokens: 1,
             adapter: adapter.clone(),
+            priority: 0,
             limited_by_max_tokens: true,
         };
         requests.push(generate::submit(&state, generation)?);

@@ -16,6 +16,7 @@ use http_body::{Body, Frame};
 use super::body::{ApiError, ResponseBody, boxed};
 use super::output::{self, Filler, OutputPlan};
 use super::state::AppState;
+use crate::engine::SchedulingPolicy;
 use crate::metrics::{FinishKind, FinishedTokens};
 use crate::replica::{Generation, RequestEvent, RequestHandle};
 
@@ -40,6 +41,8 @@ pub(super) struct Prompt {
     pub tokens: Vec<u32>,
     /// The client's limit on the answer's length.
     pub max_tokens: Option<i64>,
+    /// vLLM's request `priority`.
+    pub priority: i64,
 }
 
 /// A prompt the engine accepted.
@@ -55,6 +58,14 @@ pub(super) struct Started {
 /// submits the prompt.
 pub(super) fn start(state: &AppState, prompt: Prompt) -> Result<Started, ApiError> {
     let (model, adapter) = state.resolve_model(prompt.model.as_deref())?;
+    // vLLM refuses a priority its scheduler would ignore.
+    if prompt.priority != 0 && state.scheduling_policy != SchedulingPolicy::Priority {
+        return Err(ApiError::bad_request(format!(
+            "Got priority {} but Priority scheduling is not enabled.",
+            prompt.priority
+        ))
+        .with_param("priority"));
+    }
     if prompt.tokens.is_empty() {
         return Err(ApiError::bad_request(
             "The prompt is empty; send at least one token.",
@@ -74,6 +85,7 @@ pub(super) fn start(state: &AppState, prompt: Prompt) -> Result<Started, ApiErro
             prompt: prompt.tokens,
             max_tokens: plan.max_tokens,
             adapter,
+            priority: prompt.priority,
             limited_by_max_tokens: plan.limited_by_max_tokens,
         },
     )?;

@@ -20,6 +20,9 @@ pub struct ChatCompletionRequest {
     pub max_tokens: Option<i64>,
     #[serde(default)]
     pub max_completion_tokens: Option<i64>,
+    /// vLLM's scheduling priority (lower first); 0 when absent.
+    #[serde(default)]
+    pub priority: i64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -55,6 +58,9 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub max_tokens: Option<i64>,
+    /// As in chat completions.
+    #[serde(default)]
+    pub priority: i64,
 }
 
 /// A completion prompt: text, or token ids; batches of one are accepted.

@@ -136,6 +136,7 @@ async fn respond(state: Arc<AppState>, body: Incoming) -> Result<Response<Respon
     let prompt = Prompt {
         tokens: request.prompt_tokens(),
         max_tokens: request.max_output_tokens,
+        priority: 0,
         model: request.model.clone(),
     };
     let mut started = generate::start(&state, prompt)?;

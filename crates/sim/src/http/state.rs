@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use super::body::ApiError;
+use crate::engine::SchedulingPolicy;
 use crate::faults::FaultState;
 use crate::metrics::Exporter;
 use crate::replica::EngineClient;
@@ -66,6 +67,9 @@ pub(crate) struct AppState {
     pub lora_enabled: bool,
     /// Seeds answer lengths and words.
     pub seed: u64,
+    /// The engine's `--scheduling-policy`: whether a request's `priority`
+    /// is accepted.
+    pub scheduling_policy: SchedulingPolicy,
     pub engine: EngineClient,
     pub adapters: Mutex<Vec<LoadedAdapter>>,
     pub faults: FaultState,
