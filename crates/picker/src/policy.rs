@@ -170,13 +170,18 @@ impl Weights {
     /// Highest tokens per second for batch work: every cache hit is prefill
     /// compute saved and every avoided adapter swap keeps the batch full;
     /// queueing is acceptable, KV pressure is not (preemption recomputes).
-    /// In-flight matches prefix so that bursts of one shared prompt still
-    /// spread once a replica is a full tolerance ahead.
+    /// Prefix weighs as in the chat preset: at 4 (equal to in-flight) the
+    /// turns of agent loops strayed from their context and two seeds of
+    /// three collapsed at 50 % load in virtual time (TTFT p95 19-21 s
+    /// against 1.4-1.6 s at 9), and shared-prefix, prefix-pressure and
+    /// multi-turn kept 6-8 points fewer prefix hits. Bursts of one shared
+    /// prompt spread through the fading of prefix affinity with unanswered
+    /// requests (`scorers::prefix`), not through in-flight's weight.
     pub const THROUGHPUT: Weights = Weights {
         queue: 1.0,
         kv_cache: 3.0,
         inflight: 4.0,
-        prefix: 4.0,
+        prefix: 9.0,
         lora: 3.0,
         speed: 1.0,
         session: Weights::SESSION,
