@@ -58,7 +58,7 @@ pub struct Cut<'a> {
 
 /// The parse stage: body → model, stream, token estimate, and the prompt's
 /// prefix hashes. Re-exported as is, so the target checks the real thing.
-pub use crate::request::{InferenceRequest, MAX_ESTIMATED_TOKENS};
+pub use crate::inbound::parse::{InferenceRequest, MAX_ESTIMATED_TOKENS};
 
 // `sse` ---------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ pub fn serve_bytes(pieces: &[&[u8]]) -> Vec<u8> {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use crate::server::connection::{self, Timeouts};
+    use crate::inbound::server::connection::{self, Timeouts};
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,18 +120,18 @@ pub fn serve_bytes(pieces: &[&[u8]]) -> Vec<u8> {
         .expect("a runtime");
     runtime.block_on(async {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        let handler = |_, req: crate::server::Request| async move {
+        let handler = |_, req: crate::inbound::server::Request| async move {
             let limited = http_body_util::Limited::new(req.body, 1 << 20);
             match limited.collect().await {
                 Ok(body) => {
                     let len = body.to_bytes().len();
                     let answer = format!("{} {} {len}", req.method, req.uri.path());
-                    http::Response::new(crate::body::full(answer.into()))
+                    http::Response::new(crate::outbound::response_body::full(answer.into()))
                 }
                 Err(_) => crate::error::ApiError::body_too_large(1 << 20).into_response(),
             }
         };
-        let drain = crate::shutdown::Drain::new();
+        let drain = crate::inbound::drain::Drain::new();
         let peer: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
         let timeouts = Timeouts::new(Duration::from_secs(1));
         let serving = tokio::spawn(connection::serve(
@@ -183,8 +183,8 @@ pub fn upstream_response(pieces: &[&[u8]]) -> Upstream {
     use http_body_util::BodyExt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    use crate::upstream::connections::Settings;
-    use crate::upstream::{Connections, Forwarded, Outgoing, TrustedProxies};
+    use crate::outbound::connections::Settings;
+    use crate::outbound::{Connections, Forwarded, Outgoing, TrustedProxies};
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

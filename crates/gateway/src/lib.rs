@@ -2,41 +2,33 @@
 //!
 //! Read [`pipeline`] first: it is the whole request path in order.
 
-mod admin;
-mod admit;
+// The request path, in the order a request meets it (pipeline.rs reads
+// it top to bottom).
 pub mod auth;
-pub mod body;
-mod discovered;
-mod edge;
+mod flow;
+mod inbound;
+mod members;
+mod outbound;
+pub mod pipeline;
+mod rate_limits;
+mod record;
+mod route;
+// Shared by the stages: the one error type and the one place answers
+// are rendered.
 pub mod error;
+mod headers;
+mod respond;
+// Around the path: the config's generations and what handlers share, the
+// admin listener, TLS, telemetry.
+mod admin;
 pub mod file_watch;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 mod generation;
-mod headers;
-mod limits;
-mod load_summary;
-mod members;
-mod mirror;
-pub mod pipeline;
-mod pool;
-mod record;
-mod replica_error;
-mod request;
-mod request_body;
-mod respond;
-mod rewrite;
-mod routes;
-mod server;
-mod sessions;
-mod shutdown;
 mod state;
-mod stream_usage;
 pub mod telemetry;
 pub mod tls;
-mod ui;
-mod upstream;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,19 +38,19 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::generation::Runtimes;
-use crate::server::Workers;
-use crate::shutdown::Drain;
+use crate::inbound::drain::Drain;
+use crate::inbound::server::{self, Workers};
 use crate::state::State;
 
-pub use crate::discovered::Discovery;
 pub use crate::error::DropReason;
+pub use crate::generation::discovered::Discovery;
 
 /// Connections the admin listener serves at once, apart from the public
 /// listeners' limit: a flood of clients must not shut out the probes and
 /// the metrics scraper.
 const ADMIN_MAX_CONNECTIONS: u32 = 64;
-pub use crate::pool::picker_config;
-pub use crate::server::raise_descriptor_limit;
+pub use crate::generation::pool::picker_config;
+pub use crate::inbound::server::raise_descriptor_limit;
 
 /// A running gateway. Dropping it stops everything abruptly; call
 /// [`Gateway::shutdown`] to drain.

@@ -45,23 +45,25 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::admit::{Admitted, OwnedPick, Ticket};
 use crate::auth::{AuthError, Identity, Via};
-use crate::body::{ProxiedBody, ResponseBody};
-use crate::edge::{self, MODEL_PREFIX};
 use crate::error::{ApiError, DropReason};
+use crate::flow::{Admitted, OwnedPick, Ticket};
 use crate::generation::Generation;
-use crate::pool::Pool;
+use crate::generation::pool::Pool;
+use crate::inbound::edge::{self, MODEL_PREFIX};
+use crate::inbound::parse::InferenceRequest;
+use crate::inbound::read_body;
+use crate::inbound::server::{Request, WorkerId};
+use crate::outbound::response_body::{ProxiedBody, ResponseBody};
+use crate::outbound::{self, Forwarded, REQUEST_ID};
+use crate::outbound::{mirror, replica_error};
 use crate::record::Record;
-use crate::request::InferenceRequest;
 use crate::respond::{json, text};
-use crate::rewrite::Served;
-use crate::routes::Route;
-use crate::server::{Request, WorkerId};
+use crate::route::rewrite::Served;
+use crate::route::table::Route;
 use crate::state::State;
 use crate::telemetry::{self, stage_span, trace_context};
-use crate::upstream::{self, Forwarded, REQUEST_ID};
-use crate::{headers, members, mirror, replica_error, request_body};
+use crate::{headers, members};
 
 const X_POOL: &str = "x-infergate-pool";
 const X_ENDPOINT: &str = "x-infergate-endpoint";
@@ -210,7 +212,7 @@ async fn infer(
     // gateway's budget; its share of the budget is held until the request
     // is done with it.
     let limit = generation.limits.max_body_bytes();
-    let (body, _held) = match request_body::read(body, &headers, limit, &state.body_budget).await {
+    let (body, _held) = match read_body::read(body, &headers, limit, &state.body_budget).await {
         Ok(read) => read,
         Err(e) => return refuse(record, e),
     };
@@ -257,7 +259,7 @@ async fn infer(
     // The only change the gateway makes to a body: the rewritten model,
     // in place (the parse stage has found the body's `model`).
     let body = match &served_model {
-        Some(served) => match crate::rewrite::body::with_model(&body, served) {
+        Some(served) => match crate::route::rewrite::model_field::with_model(&body, served) {
             Some(rewritten) => rewritten,
             None => return refuse(record, ApiError::missing_model("`model` must be a string.")),
         },
@@ -312,7 +314,7 @@ async fn infer(
                 method: &method,
                 uri: &uri,
                 body: &body,
-                outgoing: upstream::Outgoing {
+                outgoing: outbound::Outgoing {
                     method: &method,
                     uri: &uri,
                     headers: &headers,
@@ -338,7 +340,7 @@ async fn infer(
             .reservation
             .as_ref()
             .is_some_and(|r| r.charges_tokens()))
-    .then(|| crate::stream_usage::ask_for_usage(&body))
+    .then(|| crate::outbound::stream_usage::ask_for_usage(&body))
     .flatten();
     let strip_usage = asked_usage.is_some();
     // The body as the request's pool gets it, before the gateway asks a
@@ -421,7 +423,7 @@ async fn infer(
     };
 
     // 9. forward, retrying other replicas before any byte.
-    let outgoing = upstream::Outgoing {
+    let outgoing = outbound::Outgoing {
         method: &method,
         uri: &uri,
         headers: &headers,
@@ -468,7 +470,7 @@ struct Forward<'a> {
     generation: &'a Arc<Generation>,
     pool: &'a Pool,
     worker: WorkerId,
-    outgoing: upstream::Outgoing<'a>,
+    outgoing: outbound::Outgoing<'a>,
     pick: &'a OwnedPick,
     /// The gateway asked for the stream's usage in the client's place.
     strip_usage: bool,
@@ -581,7 +583,7 @@ struct PassOn<'a> {
 /// client's 502, not a 200 with a cut body; a stream's head goes at once.
 async fn pass_on(
     job: PassOn<'_>,
-    mut answer: upstream::Response,
+    mut answer: outbound::Response,
     admitted: Admitted,
     mut record: Record,
 ) -> Response<ResponseBody> {
@@ -688,7 +690,7 @@ impl BodyFailed {
 
 async fn error_body(
     first: Option<Frame<Bytes>>,
-    body: &mut upstream::connections::Body,
+    body: &mut crate::outbound::connections::Body,
     deadline: Instant,
 ) -> Result<ErrorBody, BodyFailed> {
     let mut bytes = first

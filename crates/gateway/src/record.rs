@@ -18,8 +18,8 @@ use picker::TopScores;
 use tokio::time::Instant;
 
 use crate::error::ApiError;
-use crate::limits::{Outcome, Reservation};
-use crate::rewrite::Served;
+use crate::rate_limits::{Outcome, Reservation};
+use crate::route::rewrite::Served;
 use crate::telemetry::decisions::{Ended, Pending};
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::rollout::MirrorMetrics;

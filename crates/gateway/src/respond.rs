@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::body::{ResponseBody, full};
 use crate::error::ApiError;
+use crate::outbound::response_body::{ResponseBody, full};
 
 impl ApiError {
     pub fn into_response(self) -> Response<ResponseBody> {

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwap;
 
+use crate::admin::load_summary::book::SummaryBook;
 use crate::generation::Generation;
-use crate::load_summary::book::SummaryBook;
+use crate::inbound::read_body::BodyBudget;
 use crate::members::roster::Members;
-use crate::request_body::BodyBudget;
 use crate::telemetry::Metrics;
 use crate::telemetry::decisions::DecisionFeed;
 use crate::telemetry::traffic::Traffic;

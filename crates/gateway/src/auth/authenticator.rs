@@ -14,9 +14,9 @@ use super::jwt::JwtVerifier;
 use super::refusal::{AUTH_TARGET, AuthError, Kind, Reason, Refusal};
 use super::tenants::{Globs, Policy, Tenants};
 use crate::error::ApiError;
+use crate::outbound::CallerFields;
 use crate::record::Caller;
 use crate::telemetry::TenantLabel;
-use crate::upstream::CallerFields;
 
 /// Who the caller is, and what follows from it for this request.
 #[derive(Debug, Clone)]

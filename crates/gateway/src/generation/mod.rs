@@ -13,16 +13,16 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
-use crate::edge::ForwardedPaths;
-use crate::limits::{Limiter, Store};
-use crate::mirror::{MirrorRoom, Mirrors};
-use crate::pool::{Pool, Runtime};
-use crate::rewrite::{Rewrites, Rollouts};
-use crate::routes::ModelTable;
-use crate::sessions::SessionKeys;
+use crate::generation::pool::{Pool, Runtime};
+use crate::inbound::edge::ForwardedPaths;
+use crate::outbound::TrustedProxies;
+use crate::outbound::mirror::{MirrorRoom, Mirrors};
+use crate::rate_limits::{Limiter, Store};
+use crate::route::rewrite::{Rewrites, Rollouts};
+use crate::route::session_key::SessionKeys;
+use crate::route::table::ModelTable;
 use crate::telemetry::Metrics;
 use crate::tls::{self, client::PoolTls};
-use crate::upstream::TrustedProxies;
 
 pub struct Generation {
     /// Which config this is, for `/debug/config`.
@@ -268,6 +268,9 @@ impl Runtimes {
         })
     }
 }
+
+pub mod discovered;
+pub mod pool;
 
 #[cfg(test)]
 mod tests;

@@ -11,15 +11,15 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri, header};
 
-use super::body::MemberBody;
+use super::answer_body::MemberBody;
 use super::member::{InFlight, Member, Outcome, noted};
 use super::roster::Choice;
-use crate::body::ResponseBody;
 use crate::error::ApiError;
 use crate::generation::Generation;
+use crate::outbound;
+use crate::outbound::response_body::ResponseBody;
 use crate::record::Record;
 use crate::state::State;
-use crate::upstream;
 
 /// Decision header naming the member that answered.
 pub const X_MEMBER: &str = "x-infergate-member";
@@ -30,7 +30,7 @@ pub struct MemberRequest<'a> {
     pub uri: &'a Uri,
     pub body: &'a Bytes,
     /// The request as a replica would get it (headers, ids, caller).
-    pub outgoing: upstream::Outgoing<'a>,
+    pub outgoing: outbound::Outgoing<'a>,
     /// The model the body names (after a rewrite, if any).
     pub model: &'a str,
     /// Residency tags the request is held to; anywhere when `None`.
@@ -74,7 +74,7 @@ pub async fn forward(
         let body = if mapped == request.model {
             request.body.clone()
         } else {
-            match crate::rewrite::body::with_model(request.body, &mapped) {
+            match crate::route::rewrite::model_field::with_model(request.body, &mapped) {
                 Some(b) => b,
                 None => {
                     return refuse(record, ApiError::missing_model("`model` must be a string."));

@@ -19,7 +19,7 @@
 //! The roster lives as long as the gateway: a reload that keeps a member
 //! unchanged keeps its health and summary.
 
-pub mod body;
+pub mod answer_body;
 pub mod debug;
 pub mod forward;
 pub mod member;

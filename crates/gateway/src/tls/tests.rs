@@ -13,8 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::sync::watch;
 
 use super::server::Acceptor;
-use crate::server::{self, ConnectionSlots, Request, Timeouts, Workers};
-use crate::shutdown::Drain;
+use crate::inbound::drain::Drain;
+use crate::inbound::server::{self, ConnectionSlots, Request, Timeouts, Workers};
 use crate::telemetry::ListenerTlsMetrics;
 
 /// A certificate signed by `ca`, and its key.
@@ -69,7 +69,7 @@ async fn the_client_certificates_names_reach_the_handler() {
             Some(c) => format!("{:?} {:?} {}", c.common_name, c.dns_names, req.scheme()),
             None => format!("none {}", req.scheme()),
         };
-        http::Response::new(crate::body::full(Bytes::from(names)))
+        http::Response::new(crate::outbound::response_body::full(Bytes::from(names)))
     };
     let _serving = server::serve(
         listener,

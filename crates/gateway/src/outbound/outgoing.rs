@@ -132,7 +132,7 @@ pub struct InvalidTarget;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::forwarded::TrustedProxies;
+    use crate::outbound::forwarded::TrustedProxies;
 
     fn pairs(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

@@ -3,6 +3,9 @@
 //! and events (`/debug/rewrites`), the fleet page (`ui/`), and the load
 //! summary global routers read (`/global/summary`, `load_summary.rs`).
 
+pub mod load_summary;
+pub mod ui;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -10,14 +13,13 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 use serde_json::{Value, json};
 
-use crate::body::ResponseBody;
 use crate::error::ApiError;
-use crate::pool::Pool;
+use crate::generation::pool::Pool;
+use crate::inbound::server::Request;
+use crate::outbound::response_body::ResponseBody;
 use crate::respond::{self, text};
-use crate::server::Request;
 use crate::state::State;
 use crate::telemetry::decisions::scorer_name;
-use crate::ui;
 
 /// The OpenMetrics text format; Prometheus reads it natively.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -27,13 +29,17 @@ pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
         (&Method::GET, "/metrics") => {
-            let mut r = Response::new(crate::body::full(Bytes::from(state.metrics.encode())));
+            let mut r = Response::new(crate::outbound::response_body::full(Bytes::from(
+                state.metrics.encode(),
+            )));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
             r
         }
-        (&Method::GET, "/global/summary") => crate::load_summary::get(&state),
-        (&Method::GET, "/global/summary/stream") => crate::load_summary::stream(Arc::clone(&state)),
+        (&Method::GET, "/global/summary") => crate::admin::load_summary::get(&state),
+        (&Method::GET, "/global/summary/stream") => {
+            crate::admin::load_summary::stream(Arc::clone(&state))
+        }
         (&Method::GET, "/debug/pools") => debug_pools(&state),
         (&Method::GET, "/debug/config") => debug_config(&state),
         (&Method::GET, "/debug/members") => respond::json(Bytes::from(
@@ -69,7 +75,7 @@ fn debug_config(state: &State) -> Response<ResponseBody> {
     let applied = &generation.applied;
     let mut spec = applied.spec.clone();
     if let Some(redis) = &mut spec.rate_limits.redis {
-        redis.url = crate::limits::redacted(&redis.url);
+        redis.url = crate::rate_limits::redacted(&redis.url);
     }
     let body = json!({
         "generation": applied.number,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
-use super::sessions::SessionTable;
+use super::sticky::SessionTable;
 use super::window::{Figures, Outcome, Window};
 use crate::telemetry::rollout::TargetMetrics;
 

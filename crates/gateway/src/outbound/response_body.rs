@@ -1,6 +1,6 @@
 //! Response bodies: a gateway-made body, or a replica's body streamed
 //! through frame by frame. (Request bodies are read whole before routing:
-//! [`crate::request_body`].)
+//! [`crate::inbound::read_body`].)
 //!
 //! A proxied body owns the request's [`Lease`] on its replica and its [`Record`], so
 //! the replica's load is released and the request is recorded exactly once,
@@ -18,18 +18,14 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::admit::Lease;
 use crate::error::BoxError;
+use crate::flow::Lease;
+use crate::outbound::connections;
+use crate::outbound::stream_usage::UsageStripper;
 use crate::record::Record;
-use crate::stream_usage::UsageStripper;
-use crate::upstream::connections;
 
 pub fn full(bytes: Bytes) -> ResponseBody {
     ResponseBody::Full(Some(bytes))
-}
-
-pub fn empty() -> ResponseBody {
-    ResponseBody::Full(None)
 }
 
 pub enum ResponseBody {
@@ -39,7 +35,7 @@ pub enum ResponseBody {
     /// summary stream); dropping the body tells the task to stop.
     Lines(tokio::sync::mpsc::Receiver<Bytes>),
     /// A global member's answer (members/body.rs).
-    Member(Box<crate::members::body::MemberBody>),
+    Member(Box<crate::members::answer_body::MemberBody>),
 }
 
 pub struct ProxiedBody {

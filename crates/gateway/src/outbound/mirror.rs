@@ -22,14 +22,14 @@ use rand::Rng;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::limits::glob_matches;
-use crate::pool::Pool;
-use crate::routes::ModelTable;
-use crate::server::WorkerId;
+use crate::generation::pool::Pool;
+use crate::inbound::server::WorkerId;
+use crate::outbound::{self, Forwarded};
+use crate::rate_limits::glob_matches;
+use crate::route::table::ModelTable;
 use crate::telemetry::Metrics;
 use crate::telemetry::response::ResponseMeter;
 use crate::telemetry::rollout::MirrorMetrics;
-use crate::upstream::{self, Forwarded};
 
 /// One generation's mirrors; the first that matches a request's model
 /// applies.
@@ -135,7 +135,7 @@ pub struct ShadowRequest {
 impl ShadowRequest {
     /// The client's header fields as a replica gets them: without the
     /// credential the gateway consumed, with the tenant field it sets.
-    pub fn headers(client: &HeaderMap, caller: upstream::CallerFields<'_>) -> HeaderMap {
+    pub fn headers(client: &HeaderMap, caller: outbound::CallerFields<'_>) -> HeaderMap {
         let mut headers = client.clone();
         for name in caller.removed.into_iter().flatten() {
             headers.remove(name);
@@ -162,7 +162,7 @@ impl Mirror {
             return;
         };
         if let Some(model) = &self.target_model {
-            match crate::rewrite::body::with_model(&copy.body, model) {
+            match crate::route::rewrite::model_field::with_model(&copy.body, model) {
                 Some(body) => copy.body = body,
                 None => return,
             }
@@ -185,7 +185,7 @@ impl Mirror {
         tokio::spawn(async move {
             let started = Instant::now();
             let addr = admitted.decision.endpoint.addr.clone();
-            let outgoing = upstream::Outgoing {
+            let outgoing = outbound::Outgoing {
                 method: &copy.method,
                 uri: &copy.uri,
                 headers: &copy.headers,
@@ -193,7 +193,7 @@ impl Mirror {
                 request_id: &copy.request_id,
                 traceparent: &copy.traceparent,
                 forwarded: &copy.forwarded,
-                caller: upstream::CallerFields::default(),
+                caller: outbound::CallerFields::default(),
             };
             let deadline = started + copy.first_byte;
             let sent = tokio::time::timeout_at(
@@ -228,7 +228,7 @@ impl Mirror {
 /// Read a copy's answer to its end (an idle stream counts as failed):
 /// its status, TTFT and completion tokens.
 async fn read_to_end(
-    mut answer: upstream::Response,
+    mut answer: outbound::Response,
     started: Instant,
     idle: Duration,
 ) -> (u16, Option<Duration>, Option<u64>) {

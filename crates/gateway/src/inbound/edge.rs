@@ -10,7 +10,7 @@ use http::{Version, header};
 
 use crate::error::ApiError;
 use crate::headers;
-use crate::server::Request;
+use crate::inbound::server::Request;
 
 /// Longest request target accepted (path and query). OpenAI-style APIs
 /// carry everything in the body; nginx's default line buffer is 8 KiB.

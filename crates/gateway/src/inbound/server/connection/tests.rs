@@ -14,8 +14,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::*;
-use crate::body;
-use crate::shutdown::Drain;
+use crate::inbound::drain::Drain;
+use crate::outbound::response_body;
 
 const HEADER_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -41,7 +41,7 @@ where
 
 /// Answers with the method and path.
 fn echo(req: Request) -> Response<ResponseBody> {
-    Response::new(body::full(Bytes::from(format!(
+    Response::new(response_body::full(Bytes::from(format!(
         "{} {}",
         req.method,
         req.uri.path()
@@ -203,7 +203,7 @@ async fn a_kept_alive_connection_waits_for_the_idle_timeout_not_the_header_timeo
 /// client, for a client that reads little or nothing of it.
 async fn serving_a_large_response(send: Duration) -> (JoinHandle<()>, TcpStream, usize) {
     const SIZE: usize = 64 << 20;
-    let handler = |_, _| async { Response::new(body::full(Bytes::from(vec![b'x'; SIZE]))) };
+    let handler = |_, _| async { Response::new(response_body::full(Bytes::from(vec![b'x'; SIZE]))) };
     let (task, mut client) = served(handler, &Drain::new(), Timeouts { send, ..timeouts() }).await;
     client
         .write_all(b"GET / HTTP/1.1\r\nhost: gw\r\n\r\n")
@@ -291,7 +291,7 @@ async fn draining_closes_idle_connections_and_finishes_requests_in_flight() {
 }
 
 fn ok() -> Response<ResponseBody> {
-    Response::new(body::full(Bytes::from_static(b"ok")))
+    Response::new(response_body::full(Bytes::from_static(b"ok")))
 }
 
 #[tokio::test]

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use config::defaults::{SUMMARY_HEARTBEAT, SUMMARY_MIN_INTERVAL};
 use http::{HeaderValue, Response, header};
 
-use crate::body::ResponseBody;
+use crate::outbound::response_body::ResponseBody;
 use crate::state::State;
 
 const NDJSON: &str = "application/x-ndjson";

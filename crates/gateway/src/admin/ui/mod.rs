@@ -18,8 +18,8 @@ mod page;
 
 use http::{Method, Response};
 
-use crate::body::ResponseBody;
-use crate::server::Request;
+use crate::inbound::server::Request;
+use crate::outbound::response_body::ResponseBody;
 use crate::state::State;
 
 /// Whether the page or its API answers `path` (for any method: the admin

@@ -11,7 +11,7 @@ use global::{LoadSummary, ModelLoad};
 use parking_lot::Mutex;
 
 use crate::generation::Generation;
-use crate::pool::Pool;
+use crate::generation::pool::Pool;
 use crate::telemetry::outcomes::{OutcomeBook, OutcomeCounts, RouteKey};
 
 /// Rate samples are at least this far apart.

@@ -36,10 +36,10 @@ use tokio::time::Sleep;
 
 use super::request::{Client, Request, WorkerId};
 use super::streams::Streams;
-use crate::body::ResponseBody;
 use crate::error::ApiError;
 use crate::headers::HEAD_LIMIT;
-use crate::shutdown::Watch;
+use crate::inbound::drain::Watch;
+use crate::outbound::response_body::ResponseBody;
 
 /// A kept-alive connection with no request under way for this long is
 /// closed, so that connections clients abandoned do not pile up (nginx's

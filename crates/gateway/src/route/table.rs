@@ -8,7 +8,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::error::ApiError;
-use crate::pool::Pool;
+use crate::generation::pool::Pool;
 
 /// Where a model name goes.
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use http::{Response, StatusCode};
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::body::ResponseBody;
+use crate::outbound::response_body::ResponseBody;
 use crate::respond;
 use crate::state::State;
 use crate::telemetry::decisions::{self, Entry};

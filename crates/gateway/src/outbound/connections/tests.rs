@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use super::{Connections, Error, Settings};
-use crate::upstream::{Forwarded, Outgoing, TrustedProxies};
+use crate::outbound::{Forwarded, Outgoing, TrustedProxies};
 
 /// What the fake replica does with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,7 +254,7 @@ async fn fetch(pool: &Connections, addr: SocketAddr) -> Result<String, Error> {
     Ok(body_text(resp).await)
 }
 
-async fn body_text(resp: crate::upstream::Response) -> String {
+async fn body_text(resp: crate::outbound::Response) -> String {
     let bytes = within(resp.body.collect()).await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }

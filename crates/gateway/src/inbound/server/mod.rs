@@ -27,8 +27,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, oneshot, watch};
 
-use crate::body::ResponseBody;
-use crate::shutdown::{Drain, Watch};
+use crate::inbound::drain::{Drain, Watch};
+use crate::outbound::response_body::ResponseBody;
 use crate::tls::server::Acceptor;
 
 pub use connection::Timeouts;

@@ -15,14 +15,14 @@ use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
-use crate::admit::{Admission, OwnedPick};
 use crate::error::ApiError;
-use crate::request::InferenceRequest;
-use crate::server::WorkerId;
+use crate::flow::{Admission, OwnedPick};
+use crate::inbound::parse::InferenceRequest;
+use crate::inbound::server::WorkerId;
+use crate::outbound::Connections;
+use crate::outbound::connections::Settings;
 use crate::telemetry::{EndpointSeries, Metrics, PoolMetrics};
 use crate::tls::client::PoolTls;
-use crate::upstream::Connections;
-use crate::upstream::connections::Settings;
 
 pub struct Runtime {
     name: Arc<str>,
@@ -391,7 +391,7 @@ impl Pool {
             return Ok(body);
         }
         // The parse stage has accepted the body as a JSON object.
-        crate::rewrite::body::with_priority(&body, engine_priority(band))
+        crate::route::rewrite::model_field::with_priority(&body, engine_priority(band))
             .ok_or_else(|| ApiError::invalid_request("The request body must be a JSON object."))
     }
 }

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::body::{ResponseBody, full};
+use crate::outbound::response_body::{ResponseBody, full};
 
 /// Only the page's own files may load, and it may only talk to the admin
 /// listener it came from; sparklines are drawn as SVG by the page itself.

@@ -10,9 +10,9 @@
 //! outlives generations, carried over by name in [`Rollouts`] while its
 //! targets stay the same.
 
-pub mod body;
+pub mod model_field;
 mod rollout;
-mod sessions;
+mod sticky;
 pub mod window;
 
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 pub use rollout::Rollout;
 use window::Outcome;
 
-use crate::limits::glob_matches;
+use crate::rate_limits::glob_matches;
 use crate::telemetry::Metrics;
 
 /// One generation's rewrites, in config order: the first that matches a
