@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use picker::Scorer;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -736,6 +737,32 @@ pub struct Scheduling {
     pub fallback: Fallback,
 }
 
+impl Scheduling {
+    /// The picker's weights for the pool: the preset's (the default preset
+    /// when none is named, or the name is unknown and refused by
+    /// validation), then each weight given under `weights`.
+    pub fn picker_weights(&self) -> picker::Weights {
+        let mut weights = self
+            .preset
+            .as_deref()
+            .and_then(picker::Weights::preset)
+            .unwrap_or_default();
+        if let Some(given) = &self.weights {
+            for scorer in Scorer::ALL {
+                if let Some(weight) = given.get(scorer) {
+                    weights.set(scorer, weight);
+                }
+            }
+        }
+        weights
+    }
+}
+
+// One field per scorer of the picker's table (`Scorer`), named as
+// `Scorer::name` says. The fields stay written out, not a map, so serde and
+// schemars keep the document's shape and the schema (and so the CRD) as
+// they are; `Weights::get` ties them to the table. (Plain comments: a doc
+// comment here would become the schema's description.)
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Weights {
@@ -747,6 +774,32 @@ pub struct Weights {
     pub speed: Option<f64>,
     /// Session affinity: a session's requests stay on its replica.
     pub session: Option<f64>,
+}
+
+impl Weights {
+    /// The weight given for `scorer`, if any. The struct is taken apart
+    /// whole, without `..`, so a field with no scorer or a scorer with no
+    /// field does not compile.
+    pub fn get(&self, scorer: Scorer) -> Option<f64> {
+        let Weights {
+            queue,
+            kv_cache,
+            inflight,
+            prefix,
+            lora,
+            speed,
+            session,
+        } = *self;
+        match scorer {
+            Scorer::Queue => queue,
+            Scorer::KvCache => kv_cache,
+            Scorer::Inflight => inflight,
+            Scorer::Prefix => prefix,
+            Scorer::Lora => lora,
+            Scorer::Speed => speed,
+            Scorer::Session => session,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

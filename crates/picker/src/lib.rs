@@ -4,7 +4,8 @@
 //! argument), so the same code runs in the gateway and in the virtual-time
 //! benchmark.
 //!
-//! - [`policy`]: configuration and every default, with reasons.
+//! - [`policy`]: configuration and every default, with reasons, and
+//!   the scorer table every list of scorers follows.
 //! - [`observation`]: what the scraper last saw of a replica's engine.
 //! - [`health`](mod@health): when a replica's metrics can be trusted.
 //! - [`summary`]: the figures of an observation every pick reads, kept in

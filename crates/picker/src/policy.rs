@@ -95,26 +95,185 @@ impl fmt::Display for UnknownName {
 
 impl std::error::Error for UnknownName {}
 
-/// Relative weight of each scorer in the [`Policy::Scored`] sum. Only the
-/// ratios matter: the total is divided by the sum of the weights, so a
-/// replica's total is always in `[0, 1]`. A weight of 0 turns a scorer off.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Weights {
-    /// Engine queue (waiting requests).
-    pub queue: f64,
+/// Declares the scorers from one table: the [`Scorer`] enum and its
+/// [`Scorer::ALL`] order, each scorer's names and preset weights, and the
+/// [`Weights`] struct with one field per scorer. Generating them together
+/// is what keeps them from drifting: a scorer cannot exist without a field,
+/// a weight in every preset and a config name, and everything that walks
+/// [`Scorer::ALL`] (config validation, the config-to-picker mapping, sums,
+/// checks, explanations) covers it without being touched.
+macro_rules! scorer_table {
+    ($(
+        #[doc = $doc:literal]
+        $variant:ident {
+            field: $field:ident,
+            name: $name:literal,
+            label: $label:literal,
+            default: $default:expr,
+            latency: $latency:expr,
+            throughput: $throughput:expr $(,)?
+        }
+    ),+ $(,)?) => {
+        /// A scorer of the [`Policy::Scored`] policy; how each one scores
+        /// is in [`crate::scorers`]. Serialized in kebab-case (`kv-cache`)
+        /// for the gateway's debug output; its config name is
+        /// [`Scorer::name`].
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub enum Scorer {
+            $(#[doc = $doc] $variant,)+
+        }
+
+        impl Scorer {
+            /// Every scorer, in the order scores are reported.
+            pub const ALL: [Scorer; [$(Scorer::$variant),+].len()] = [$(Scorer::$variant),+];
+            pub const COUNT: usize = Scorer::ALL.len();
+
+            /// The field of a pool's `scheduling.weights` in the config.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Scorer::$variant => $name,)+
+                }
+            }
+
+            /// Short label used in the `x-infergate-scores` header.
+            pub const fn label(self) -> &'static str {
+                match self {
+                    $(Scorer::$variant => $label,)+
+                }
+            }
+
+            /// What the scorer rates, in one line (the docs' table says the
+            /// same).
+            pub const fn doc(self) -> &'static str {
+                match self {
+                    $(Scorer::$variant => $doc.trim_ascii(),)+
+                }
+            }
+
+            /// The [`Weights`] field, as [`PickerConfig::problems`] names it.
+            const fn field(self) -> &'static str {
+                match self {
+                    $(Scorer::$variant => stringify!($field),)+
+                }
+            }
+        }
+
+        /// Relative weight of each scorer in the [`Policy::Scored`] sum. Only
+        /// the ratios matter: the total is divided by the sum of the weights,
+        /// so a replica's total is always in `[0, 1]`. A weight of 0 turns a
+        /// scorer off.
+        #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+        pub struct Weights {
+            $(#[doc = $doc] pub $field: f64,)+
+        }
+
+        impl Weights {
+            /// The weight of `scorer`.
+            pub const fn get(&self, scorer: Scorer) -> f64 {
+                match scorer {
+                    $(Scorer::$variant => self.$field,)+
+                }
+            }
+
+            /// Set the weight of `scorer`.
+            pub fn set(&mut self, scorer: Scorer, weight: f64) {
+                match scorer {
+                    $(Scorer::$variant => self.$field = weight,)+
+                }
+            }
+
+            /// One preset's column of the table.
+            const fn column(preset: Preset) -> Weights {
+                match preset {
+                    Preset::Default => Weights { $($field: $default,)+ },
+                    Preset::Latency => Weights { $($field: $latency,)+ },
+                    Preset::Throughput => Weights { $($field: $throughput,)+ },
+                }
+            }
+        }
+    };
+}
+
+/// The presets, as the scorer table's columns name them.
+#[derive(Clone, Copy)]
+enum Preset {
+    Default,
+    Latency,
+    Throughput,
+}
+
+// The scorer table: one entry per scorer, in the order scores are reported
+// (docs/picker.md, "Scorers", lists them the same way; a test compares).
+// The one `///` line says what the scorer rates; `field` is its `Weights`
+// field, `name` its field under the config's `scheduling.weights`, `label`
+// its name in the scores header; `default`, `latency` and `throughput` are
+// its weight in each preset, whose reasons are on `Weights::CHAT`, `LATENCY`
+// and `THROUGHPUT`.
+scorer_table! {
+    /// The replica's backlog: requests waiting in its engine or not yet answered.
+    Queue {
+        field: queue,
+        name: "queue",
+        label: "q",
+        default: 3.0,
+        latency: 4.0,
+        throughput: 1.0,
+    },
     /// Free KV cache.
-    pub kv_cache: f64,
+    KvCache {
+        field: kv_cache,
+        name: "kvCache",
+        label: "kv",
+        default: 2.0,
+        latency: 2.0,
+        throughput: 3.0,
+    },
     /// Requests and tokens this gateway has in flight to the replica.
-    pub inflight: f64,
-    /// Prompt-prefix cache affinity.
-    pub prefix: f64,
+    Inflight {
+        field: inflight,
+        name: "inflight",
+        label: "if",
+        default: 3.0,
+        latency: 4.0,
+        throughput: 4.0,
+    },
+    /// Prompt-prefix cache affinity: how much of the prompt the replica holds.
+    Prefix {
+        field: prefix,
+        name: "prefix",
+        label: "px",
+        default: 9.0,
+        latency: 2.0,
+        throughput: 9.0,
+    },
     /// LoRA adapter residency.
-    pub lora: f64,
-    /// The replica's measured speed per generated token.
-    pub speed: f64,
-    /// Session affinity: a session's requests stay on its replica
-    /// ([`crate::session`]). Only requests with a session key feel it.
-    pub session: f64,
+    Lora {
+        field: lora,
+        name: "lora",
+        label: "lora",
+        default: 2.0,
+        latency: 2.0,
+        throughput: 3.0,
+    },
+    /// The replica's measured time per generated token.
+    Speed {
+        field: speed,
+        name: "speed",
+        label: "sp",
+        default: 2.0,
+        latency: 3.0,
+        throughput: 1.0,
+    },
+    /// Session affinity: a session's requests stay on its replica.
+    Session {
+        field: session,
+        name: "session",
+        label: "ss",
+        default: Weights::SESSION,
+        latency: Weights::SESSION,
+        throughput: Weights::SESSION,
+    },
 }
 
 impl Weights {
@@ -145,27 +304,11 @@ impl Weights {
     /// than the prefill a cache hit saves, except for a very small queue.
     /// LoRA weight 2 makes a resident adapter (an avoided swap) worth
     /// about as much as a modest load gap.
-    pub const CHAT: Weights = Weights {
-        queue: 3.0,
-        kv_cache: 2.0,
-        inflight: 3.0,
-        prefix: 9.0,
-        lora: 2.0,
-        speed: 2.0,
-        session: Weights::SESSION,
-    };
+    pub const CHAT: Weights = Weights::column(Preset::Default);
 
     /// Lowest time to first token under bursty load: spread load first,
     /// keep prefix affinity as a tie-breaker among similarly loaded replicas.
-    pub const LATENCY: Weights = Weights {
-        queue: 4.0,
-        kv_cache: 2.0,
-        inflight: 4.0,
-        prefix: 2.0,
-        lora: 2.0,
-        speed: 3.0,
-        session: Weights::SESSION,
-    };
+    pub const LATENCY: Weights = Weights::column(Preset::Latency);
 
     /// Highest tokens per second for batch work: every cache hit is prefill
     /// compute saved and every avoided adapter swap keeps the batch full;
@@ -177,15 +320,7 @@ impl Weights {
     /// multi-turn kept 6-8 points fewer prefix hits. Bursts of one shared
     /// prompt spread through the fading of prefix affinity with unanswered
     /// requests (`scorers::prefix`), not through in-flight's weight.
-    pub const THROUGHPUT: Weights = Weights {
-        queue: 1.0,
-        kv_cache: 3.0,
-        inflight: 4.0,
-        prefix: 9.0,
-        lora: 3.0,
-        speed: 1.0,
-        session: Weights::SESSION,
-    };
+    pub const THROUGHPUT: Weights = Weights::column(Preset::Throughput);
 
     /// Session affinity's weight in every preset. A session's replica
     /// gets the whole session score and every other replica none, so 4
@@ -206,25 +341,7 @@ impl Weights {
     }
 
     pub fn sum(&self) -> f64 {
-        self.queue
-            + self.kv_cache
-            + self.inflight
-            + self.prefix
-            + self.lora
-            + self.speed
-            + self.session
-    }
-
-    fn named(&self) -> [(&'static str, f64); 7] {
-        [
-            ("queue", self.queue),
-            ("kv_cache", self.kv_cache),
-            ("inflight", self.inflight),
-            ("prefix", self.prefix),
-            ("lora", self.lora),
-            ("speed", self.speed),
-            ("session", self.session),
-        ]
+        Scorer::ALL.iter().map(|&s| self.get(s)).sum()
     }
 }
 
@@ -460,10 +577,12 @@ impl PickerConfig {
     /// Every problem with the config, in one message each; empty when valid.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        for (name, weight) in self.weights.named() {
+        for scorer in Scorer::ALL {
+            let weight = self.weights.get(scorer);
             if !weight.is_finite() || weight < 0.0 {
                 problems.push(format!(
-                    "weights.{name} must be a finite number >= 0, got {weight}"
+                    "weights.{} must be a finite number >= 0, got {weight}",
+                    scorer.field()
                 ));
             }
         }
@@ -523,6 +642,8 @@ impl Default for PickerConfig {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
     #[test]
@@ -550,6 +671,109 @@ mod tests {
             assert!(Weights::preset(name).is_some(), "{name}");
         }
         assert_eq!(Weights::preset("fastest"), None);
+    }
+
+    #[test]
+    fn each_scorer_has_its_own_weight_field_and_names() {
+        let mut weights = Weights::CHAT;
+        for (i, scorer) in Scorer::ALL.into_iter().enumerate() {
+            // Scores are stored at `scorer as usize` and reported in ALL order.
+            assert_eq!(scorer as usize, i, "{scorer:?}");
+            weights.set(scorer, 100.0 + i as f64);
+        }
+        let fields = serde_json::to_value(weights).unwrap();
+        let fields = fields.as_object().unwrap();
+        assert_eq!(fields.len(), Scorer::COUNT, "{fields:?}");
+        for (i, scorer) in Scorer::ALL.into_iter().enumerate() {
+            let expected = 100.0 + i as f64;
+            assert_eq!(weights.get(scorer), expected, "{scorer:?}");
+            assert_eq!(scorer.weight(&weights), expected, "{scorer:?}");
+            assert_eq!(fields[scorer.field()], expected, "{scorer:?}");
+            // The config's name is the field's, in the config's camelCase.
+            let mut camel = String::new();
+            for (j, part) in scorer.field().split('_').enumerate() {
+                let mut chars = part.chars();
+                if let (true, Some(first)) = (j > 0, chars.next()) {
+                    camel.extend(first.to_uppercase());
+                    camel.push_str(chars.as_str());
+                } else {
+                    camel.push_str(part);
+                }
+            }
+            assert_eq!(scorer.name(), camel, "{scorer:?}");
+            assert!(!scorer.doc().is_empty() && !scorer.doc().contains('\n'));
+        }
+        let distinct = |names: Vec<&str>| names.iter().collect::<HashSet<_>>().len();
+        assert_eq!(
+            distinct(Scorer::ALL.map(Scorer::name).into()),
+            Scorer::COUNT
+        );
+        assert_eq!(
+            distinct(Scorer::ALL.map(Scorer::label).into()),
+            Scorer::COUNT
+        );
+    }
+
+    #[test]
+    fn presets_are_the_table_columns() {
+        let columns = [
+            ("default", Weights::CHAT),
+            ("latency", Weights::LATENCY),
+            ("throughput", Weights::THROUGHPUT),
+        ];
+        assert_eq!(columns.map(|(name, _)| name), Weights::PRESETS);
+        for (name, weights) in columns {
+            assert_eq!(Weights::preset(name), Some(weights), "{name}");
+        }
+    }
+
+    /// docs/picker.md lists the scorers in a table (config name, what it
+    /// rates, header label, formula, weight in each preset) and then one
+    /// paragraph each; both follow the table in this file.
+    #[test]
+    fn the_docs_list_every_scorer_as_the_table_declares_it() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/picker.md");
+        let docs = std::fs::read_to_string(path).unwrap();
+        let section = docs
+            .split_once("\n## Scorers\n")
+            .and_then(|(_, rest)| rest.split_once("\n## "))
+            .map(|(section, _)| section)
+            .expect("docs/picker.md has a Scorers section");
+        // Every column but the formula (the fourth), which is prose.
+        let documented: Vec<Vec<String>> = section
+            .lines()
+            .skip_while(|line| !line.starts_with("| scorer"))
+            .skip(2)
+            .take_while(|line| line.starts_with('|'))
+            .map(|line| {
+                let cells = line.trim_matches('|').split(" | ").map(str::trim);
+                cells
+                    .enumerate()
+                    .filter(|&(i, _)| i != 3)
+                    .map(|(_, cell)| cell.to_owned())
+                    .collect()
+            })
+            .collect();
+        let presets = [Weights::CHAT, Weights::LATENCY, Weights::THROUGHPUT];
+        let expected: Vec<Vec<String>> = Scorer::ALL
+            .iter()
+            .map(|&s| {
+                let mut row = vec![
+                    format!("`{}`", s.name()),
+                    s.doc().to_owned(),
+                    format!("`{}`", s.label()),
+                ];
+                row.extend(presets.iter().map(|w| w.get(s).to_string()));
+                row
+            })
+            .collect();
+        assert_eq!(documented, expected);
+        let paragraphs: Vec<&str> = section
+            .lines()
+            .filter_map(|line| line.strip_prefix("- **`"))
+            .filter_map(|line| line.split_once("`**").map(|(name, _)| name))
+            .collect();
+        assert_eq!(paragraphs, Scorer::ALL.map(Scorer::name));
     }
 
     #[test]

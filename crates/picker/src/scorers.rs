@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use crate::observation::EngineState;
+pub use crate::policy::Scorer;
 use crate::policy::{InflightTolerance, Weights};
 use crate::session::SessionFit;
 
@@ -101,54 +102,11 @@ pub struct ScoreContext {
     pub inflight_tolerance: InflightTolerance,
 }
 
-/// The scorers, in the order scores are reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scorer {
-    Queue,
-    KvCache,
-    Inflight,
-    Prefix,
-    Lora,
-    Speed,
-    Session,
-}
-
 impl Scorer {
-    pub const ALL: [Scorer; 7] = [
-        Scorer::Queue,
-        Scorer::KvCache,
-        Scorer::Inflight,
-        Scorer::Prefix,
-        Scorer::Lora,
-        Scorer::Speed,
-        Scorer::Session,
-    ];
-    pub const COUNT: usize = Scorer::ALL.len();
-
-    /// Short label used in the `x-infergate-scores` header.
-    pub fn label(self) -> &'static str {
-        match self {
-            Scorer::Queue => "q",
-            Scorer::KvCache => "kv",
-            Scorer::Inflight => "if",
-            Scorer::Prefix => "px",
-            Scorer::Lora => "lora",
-            Scorer::Speed => "sp",
-            Scorer::Session => "ss",
-        }
-    }
-
+    /// The scorer's weight; the scorers are declared, with their weights,
+    /// in the table in [`crate::policy`].
     pub fn weight(self, weights: &Weights) -> f64 {
-        match self {
-            Scorer::Queue => weights.queue,
-            Scorer::KvCache => weights.kv_cache,
-            Scorer::Inflight => weights.inflight,
-            Scorer::Prefix => weights.prefix,
-            Scorer::Lora => weights.lora,
-            Scorer::Speed => weights.speed,
-            Scorer::Session => weights.session,
-        }
+        weights.get(self)
     }
 
     /// Score every candidate: `out[i]` for `signals[i]`.

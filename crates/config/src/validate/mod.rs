@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use picker::Weights;
+use picker::{Scorer, Weights};
 use signals::Dialect;
 
 mod global;
@@ -484,18 +484,14 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unre
         );
     }
     if let Some(w) = &s.weights {
-        for (field, value) in [
-            ("queue", w.queue),
-            ("kvCache", w.kv_cache),
-            ("inflight", w.inflight),
-            ("prefix", w.prefix),
-            ("lora", w.lora),
-            ("session", w.session),
-        ] {
-            if let Some(v) = value
+        for scorer in Scorer::ALL {
+            if let Some(v) = w.get(scorer)
                 && !(v.is_finite() && v >= 0.0)
             {
-                p.add(format!("{sp}.weights.{field}"), "must be a number >= 0");
+                p.add(
+                    format!("{sp}.weights.{}", scorer.name()),
+                    "must be a number >= 0",
+                );
             }
         }
     }

@@ -413,20 +413,7 @@ pub fn engine_priority(band: config::Priority) -> i64 {
 pub fn picker_config(spec: &config::Pool) -> picker::PickerConfig {
     let s = &spec.scheduling;
     let defaults = picker::PickerConfig::default();
-    let mut weights = s
-        .preset
-        .as_deref()
-        .and_then(picker::Weights::preset)
-        .unwrap_or(defaults.weights);
-    if let Some(w) = &s.weights {
-        weights.queue = w.queue.unwrap_or(weights.queue);
-        weights.kv_cache = w.kv_cache.unwrap_or(weights.kv_cache);
-        weights.inflight = w.inflight.unwrap_or(weights.inflight);
-        weights.prefix = w.prefix.unwrap_or(weights.prefix);
-        weights.lora = w.lora.unwrap_or(weights.lora);
-        weights.speed = w.speed.unwrap_or(weights.speed);
-        weights.session = w.session.unwrap_or(weights.session);
-    }
+    let weights = s.picker_weights();
     let mut saturation = defaults.saturation;
     if let Some(sat) = &s.saturation {
         saturation.queue_depth = sat.queue_depth.unwrap_or(saturation.queue_depth);
