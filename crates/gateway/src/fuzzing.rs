@@ -89,9 +89,11 @@ pub fn record_response<'a>(sse: bool, frames: impl IntoIterator<Item = &'a [u8]>
         HeaderValue::from_static("fuzz"),
         Instant::now(),
         tracing::Span::none(),
+        None,
+        None,
     );
-    record.stream = sse;
-    record.routed(metrics.unrouted());
+    record.parsed("fuzz", sse);
+    record.unrouted(metrics.unrouted());
     record.on_response(StatusCode::OK, &head);
     for frame in frames {
         record.on_data(frame);

@@ -62,6 +62,11 @@ pub struct Applied {
 }
 
 impl Generation {
+    /// The configured tenant named `name`, if any.
+    pub fn tenant(&self, name: &str) -> Option<&config::Tenant> {
+        self.applied.spec.tenants.iter().find(|t| *t.name == *name)
+    }
+
     /// How the trace of a request from `peer` is sampled: `None` lets the
     /// caller's `traceparent` decide, else this ratio does.
     pub fn trace_sampling(&self, peer: std::net::IpAddr) -> Option<f64> {

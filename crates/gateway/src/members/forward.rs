@@ -45,29 +45,30 @@ pub async fn forward(
     mut record: Record,
 ) -> Response<ResponseBody> {
     let Some(roster) = state.members.roster() else {
-        return refuse(record, ApiError::model_not_found(request.model));
+        return record.refuse(ApiError::model_not_found(request.model));
     };
     let choice = match roster.choose(request.model, request.residency.as_deref(), &state.metrics) {
         Ok(c) => c,
         Err(no) => {
-            return refuse(record, no_member(&no.message(request.model)));
+            return record.refuse(no_member(&no.message(request.model)));
         }
     };
     let Choice {
         order, fallback, ..
     } = choice;
-    record.pool = Some(Arc::from(if fallback {
+    let tier = if fallback {
         "global:fallback"
     } else {
         "global"
-    }));
+    };
+    record.routed(Arc::from(tier), None);
     let first_byte = generation.timeouts.first_byte();
     let mut headers = request.outgoing.header_map();
     headers.remove(header::CONTENT_LENGTH);
     let mut last_failure: Option<ApiError> = None;
     for (attempt, member) in order.iter().enumerate() {
         let last = attempt + 1 == order.len();
-        record.member = Some(Arc::from(member.name()));
+        record.sent_to_member(member.name());
         let Some(mapped) = member.model_for(request.model) else {
             continue;
         };
@@ -77,7 +78,7 @@ pub async fn forward(
             match crate::route::rewrite::model_field::with_model(request.body, &mapped) {
                 Some(b) => b,
                 None => {
-                    return refuse(record, ApiError::missing_model("`model` must be a string."));
+                    return record.refuse(ApiError::missing_model("`model` must be a string."));
                 }
             }
         };
@@ -97,17 +98,17 @@ pub async fn forward(
             .headers(sent_headers)
             .body(body)
             .send();
-        record.sent = true;
+        record.reached_replica(true);
         let answer = tokio::time::timeout(first_byte, send).await;
         let now = Instant::now();
         let failure = match answer {
             // The member may be generating: never sent again.
             Err(_elapsed) => {
                 outcome(state, member, Outcome::Failed, now);
-                return refuse(
-                    record,
-                    ApiError::upstream_timeout(&format!("member {}", member.name())),
-                );
+                return record.refuse(ApiError::upstream_timeout(&format!(
+                    "member {}",
+                    member.name()
+                )));
             }
             Ok(Err(e)) => {
                 outcome(state, member, Outcome::Failed, now);
@@ -135,14 +136,11 @@ pub async fn forward(
             tracing::warn!(member = member.name(), next, error = %failure.message,
                 "failover: request failed at the member before any answer; retried on the next member");
             state.metrics.count_member_failover(member.name());
-            record.retries += 1;
+            record.retried();
         }
         last_failure = Some(failure);
     }
-    refuse(
-        record,
-        last_failure.unwrap_or_else(|| no_member("no member could take the request")),
-    )
+    record.refuse(last_failure.unwrap_or_else(|| no_member("no member could take the request")))
 }
 
 fn outcome(state: &State, member: &Member, outcome: Outcome, now: Instant) {
@@ -189,13 +187,6 @@ fn pass_on(
 /// 503 in the OpenAI shape: no member may take the request, and why.
 fn no_member(why: &str) -> ApiError {
     ApiError::no_member(why)
-}
-
-fn refuse(mut record: Record, error: ApiError) -> Response<ResponseBody> {
-    record.refused(&error);
-    let mut response = error.into_response();
-    record.rate_headers(response.headers_mut());
-    response
 }
 
 /// The error and its causes, which say what failed (reqwest's own

@@ -4,6 +4,7 @@
 //! ([`forwarded`]).
 
 pub mod connections;
+pub mod forward;
 pub mod forwarded;
 pub mod mirror;
 mod outgoing;

@@ -203,7 +203,8 @@ async fn a_kept_alive_connection_waits_for_the_idle_timeout_not_the_header_timeo
 /// client, for a client that reads little or nothing of it.
 async fn serving_a_large_response(send: Duration) -> (JoinHandle<()>, TcpStream, usize) {
     const SIZE: usize = 64 << 20;
-    let handler = |_, _| async { Response::new(response_body::full(Bytes::from(vec![b'x'; SIZE]))) };
+    let handler =
+        |_, _| async { Response::new(response_body::full(Bytes::from(vec![b'x'; SIZE]))) };
     let (task, mut client) = served(handler, &Drain::new(), Timeouts { send, ..timeouts() }).await;
     client
         .write_all(b"GET / HTTP/1.1\r\nhost: gw\r\n\r\n")

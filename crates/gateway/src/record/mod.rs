@@ -1,5 +1,7 @@
-//! The record stage: what happened to one request, counted in the metrics
-//! and written once as an access-log line when the request is over.
+//! Stage 10, record: what happened to one request. The stages set its
+//! facts, each through the method named for what it decided (a field is
+//! never assigned from outside); [`settle`] owns every side effect of the
+//! request's end, in one place.
 //!
 //! A [`Record`] travels with the request. When the answer is a gateway error
 //! it is dropped at the end of the pipeline; when the answer is streamed
@@ -8,34 +10,33 @@
 //! client actually saw. The request's span lives in the record too, so a
 //! trace covers the whole response.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use config::Priority;
 use http::StatusCode;
-use picker::TopScores;
+use picker::{Decision, TopScores};
 use tokio::time::Instant;
 
+use http::Response;
+
 use crate::error::ApiError;
-use crate::rate_limits::{Outcome, Reservation};
+use crate::outbound::response_body::ResponseBody;
+use crate::rate_limits::{Outcome, RateHeaders, Refused, Reservation};
 use crate::route::rewrite::Served;
-use crate::telemetry::decisions::{Ended, Pending};
+use crate::telemetry::decisions::Pending;
 use crate::telemetry::response::{EventClock, ResponseMeter, Usage};
 use crate::telemetry::rollout::MirrorMetrics;
-use crate::telemetry::trace_context::TraceId32;
-use crate::telemetry::{ACCESS_TARGET, RouteMetrics, TenantLabel, refusal_reason};
+use crate::telemetry::{RouteMetrics, refusal_reason};
 
-/// Status recorded when the client left before any response was produced
-/// (nginx's convention; no response carries it).
-pub const CLIENT_CLOSED: u16 = 499;
+mod settle;
 
 /// Who a request came from, as the access log shows it.
 #[derive(Debug)]
 pub struct Caller {
     pub tenant: Arc<str>,
     /// Its `tenant` label on metrics.
-    pub label: TenantLabel,
+    pub label: crate::telemetry::TenantLabel,
     /// The API key's `name`, when an API key with a name authenticated it.
     pub key: Option<Arc<str>>,
     /// The token's issuer, when a token authenticated it.
@@ -45,38 +46,38 @@ pub struct Caller {
 #[derive(Debug)]
 pub struct Record {
     /// Shares the bytes of the header it came from (or was sent back in).
-    pub request_id: http::HeaderValue,
+    request_id: http::HeaderValue,
     /// The authenticated caller (tenant `anonymous` when authentication
     /// is off), once known.
-    pub caller: Option<Caller>,
-    pub model: Option<String>,
-    pub pool: Option<Arc<str>>,
-    pub endpoint: Option<Arc<str>>,
+    caller: Option<Caller>,
+    model: Option<String>,
+    pool: Option<Arc<str>>,
+    endpoint: Option<Arc<str>>,
     /// The global member that answered (or was tried last).
-    pub member: Option<Arc<str>>,
-    pub status: u16,
-    pub stream: bool,
-    pub retries: u32,
+    member: Option<Arc<str>>,
+    status: u16,
+    stream: bool,
+    retries: u32,
     /// Winner's and runner-up's scores, when the pool scores replicas.
-    pub decision: Option<TopScores>,
+    decision: Option<TopScores>,
     /// Flow-control band of the request, once admission has judged it.
-    pub priority: Option<Priority>,
+    priority: Option<Priority>,
     /// Time spent waiting in flow control (zero when admitted at once).
-    pub queue_wait: Option<Duration>,
+    queue_wait: Option<Duration>,
     /// Trace id of the context sent to the replica.
-    pub trace_id: Option<u128>,
+    trace_id: Option<u128>,
     /// Held on the rate limits until the request ends, then settled.
-    pub reservation: Option<Reservation>,
+    reservation: Option<Reservation>,
     /// Some of the request reached a replica, which may have worked on it.
-    pub sent: bool,
+    sent: bool,
     /// Set when the fleet page's decision feed samples the request.
-    pub feed: Option<Pending>,
+    feed: Option<Pending>,
     /// The rewrite that chose the model served, which hears how the
     /// answer went (its guard's figures).
-    pub rewrite: Option<Served>,
+    rewrite: Option<Served>,
     /// Set when a copy of the request went to a mirror: the client's
     /// answer is measured beside the copy's.
-    pub mirror: Option<MirrorMetrics>,
+    mirror: Option<MirrorMetrics>,
     /// The route's metric handles; set once the request reached routing.
     metrics: Option<Arc<RouteMetrics>>,
     span: tracing::Span,
@@ -98,7 +99,16 @@ pub struct Record {
 }
 
 impl Record {
-    pub fn new(request_id: http::HeaderValue, start: Instant, span: tracing::Span) -> Self {
+    /// A request that arrived at `start`; `trace_id` is the context it
+    /// carries to its replica, `feed` is set when the fleet page's decision
+    /// feed samples it.
+    pub fn new(
+        request_id: http::HeaderValue,
+        start: Instant,
+        span: tracing::Span,
+        trace_id: Option<u128>,
+        feed: Option<Pending>,
+    ) -> Self {
         Self {
             request_id,
             caller: None,
@@ -112,10 +122,10 @@ impl Record {
             decision: None,
             priority: None,
             queue_wait: None,
-            trace_id: None,
+            trace_id,
             reservation: None,
             sent: false,
-            feed: None,
+            feed,
             rewrite: None,
             mirror: None,
             metrics: None,
@@ -138,10 +148,98 @@ impl Record {
         self.caller = Some(caller);
     }
 
-    /// The request reached routing; `metrics` are its route's handles (the
-    /// unrouted ones when no pool serves the model).
-    pub fn routed(&mut self, metrics: Arc<RouteMetrics>) {
+    /// The caller's tenant, once authentication has found it.
+    pub fn tenant(&self) -> Option<&str> {
+        self.caller.as_ref().map(|c| &*c.tenant)
+    }
+
+    /// The body named `model`, asked for as a stream or not.
+    pub fn parsed(&mut self, model: &str, stream: bool) {
+        self.model = Some(model.to_owned());
+        self.stream = stream;
+    }
+
+    /// A rewrite chose the model served (a canary, a session's target).
+    pub fn rewritten(&mut self, served: Option<Served>) {
+        self.rewrite = served;
+    }
+
+    /// The rewrite that chose the model served, if any.
+    pub fn served(&self) -> Option<&Served> {
+        self.rewrite.as_ref()
+    }
+
+    /// The model as the client asked for it.
+    pub fn requested_model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// No pool serves the model: counted on the unrouted handles.
+    pub fn unrouted(&mut self, metrics: Arc<RouteMetrics>) {
         self.metrics = Some(metrics);
+    }
+
+    /// The request goes to `pool` (a local pool, or the global tier);
+    /// `metrics` are its route's handles, where the pool keeps them.
+    pub fn routed(&mut self, pool: Arc<str>, metrics: Option<Arc<RouteMetrics>>) {
+        self.pool = Some(pool);
+        if metrics.is_some() {
+            self.metrics = metrics;
+        }
+    }
+
+    /// The rate limits hold `reservation` (none apply when `None`) until
+    /// the request ends. From here on, how the request ends is the
+    /// rewrite target's doing.
+    pub fn reserved(&mut self, reservation: Option<Reservation>) {
+        self.reservation = reservation;
+        if let Some(served) = &mut self.rewrite {
+            served.judged = true;
+        }
+    }
+
+    /// A rate limit charges the request's tokens: a stream must then
+    /// report its usage.
+    pub fn charges_tokens(&self) -> bool {
+        self.reservation
+            .as_ref()
+            .is_some_and(|r| r.charges_tokens())
+    }
+
+    /// The fleet page's decision feed sampled the request: its decision
+    /// must be explained.
+    pub fn is_sampled(&self) -> bool {
+        self.feed.is_some()
+    }
+
+    /// The picker chose `decision`'s replica.
+    pub fn picked(&mut self, decision: &Decision) {
+        self.endpoint = Some(decision.endpoint.addr.clone());
+        self.decision = decision.top;
+        if let Some(feed) = &mut self.feed {
+            feed.picked(decision);
+        }
+    }
+
+    /// The request goes to the global member `name`.
+    pub fn sent_to_member(&mut self, name: &str) {
+        self.member = Some(Arc::from(name));
+    }
+
+    /// Whether some of the request reached its replica (or member), which
+    /// may then have worked on it: it is charged, and never sent again.
+    pub fn reached_replica(&mut self, sent: bool) {
+        self.sent = sent;
+    }
+
+    /// The request is tried again elsewhere, none of it having been sent.
+    pub fn retried(&mut self) {
+        self.retries += 1;
+    }
+
+    /// A copy went to a mirror: the client's answer is measured beside it.
+    pub fn mirrored(&mut self, metrics: MirrorMetrics) {
+        self.mirror = Some(metrics);
     }
 
     /// Flow control let the request through after `waited`, or refused it
@@ -154,11 +252,24 @@ impl Record {
         }
     }
 
-    /// The gateway answers with `error` itself.
-    pub fn refused(&mut self, error: &ApiError) {
+    /// Time spent waiting in flow control, once admitted.
+    pub fn queue_wait(&self) -> Option<Duration> {
+        self.queue_wait
+    }
+
+    /// The gateway answers the request itself: the refusal is recorded,
+    /// rendered in the OpenAI shape, and carries the rate-limit headers.
+    pub fn refuse(mut self, refusal: impl Into<Refusal>) -> Response<ResponseBody> {
+        let Refusal { error, headers } = refusal.into();
         self.status = error.status.as_u16();
-        self.refusal = Some(refusal_reason(error));
+        self.refusal = Some(refusal_reason(&error));
         self.on_error(&error.message);
+        let mut response = error.into_response();
+        self.rate_headers(response.headers_mut());
+        if let Some(headers) = headers {
+            headers.apply(response.headers_mut());
+        }
+        response
     }
 
     /// The `x-ratelimit-*` headers of the request's reservation, if any.
@@ -265,145 +376,28 @@ impl Record {
     }
 }
 
-impl Drop for Record {
-    fn drop(&mut self) {
-        let duration = self.start.elapsed();
-        let status = match self.status {
-            0 => {
-                self.on_error("the client closed the request before the response started");
-                CLIENT_CLOSED
-            }
-            s => s,
-        };
-        if self.meter.is_some() && !self.finished && self.error.is_none() {
-            self.on_error("the client closed the connection before the response ended");
-        }
-        if let Some(reservation) = self.reservation.take() {
-            reservation.settle(self.outcome());
-        }
-        let usage = self.usage.unwrap_or_default();
-        if let Some(m) = &self.metrics {
-            // Routing comes after authentication: a routed request has a
-            // caller.
-            let anonymous;
-            let tenant = match &self.caller {
-                Some(c) => &c.label,
-                None => {
-                    anonymous = TenantLabel::new(config::defaults::ANONYMOUS_TENANT);
-                    &anonymous
-                }
-            };
-            m.count_request(tenant, status);
-            m.observe_duration(duration);
-            m.count_retries(self.retries);
-            m.count_tokens(tenant, usage.prompt_tokens, usage.completion_tokens);
-            if let Some(reason) = self.refusal {
-                m.count_refusal(reason);
-            }
-        }
-        if let Some(feed) = self.feed.take() {
-            feed.finish(self.ended(status, duration, usage));
-        }
-        if let Some(served) = &self.rewrite {
-            served.finish(status, self.ttft);
-        }
-        if let Some(mirror) = &self.mirror {
-            mirror
-                .primary
-                .observe(status, self.ttft, duration, usage.completion_tokens);
-        }
-        let span = &self.span;
-        if !span.is_disabled() {
-            span.record("http.response.status_code", status);
-            span.record("gen_ai.request.model", self.model.as_deref());
-            span.record("infergate.tenant", self.caller.as_ref().map(|c| &*c.tenant));
-            span.record("infergate.pool", self.pool.as_deref());
-            span.record("infergate.endpoint", self.endpoint.as_deref());
-            span.record("infergate.retries", self.retries);
-            if let Some(error) = &self.error {
-                span.record("error.message", error.as_str());
-            }
-        }
-        tracing::info!(
-            target: ACCESS_TARGET,
-            parent: span,
-            request_id = self.request_id.to_str().unwrap_or("-"),
-            tenant = self.caller.as_ref().map(|c| &*c.tenant),
-            key = self.caller.as_ref().and_then(|c| c.key.as_deref()),
-            issuer = self.caller.as_ref().and_then(|c| c.issuer.as_deref()),
-            model = self.model.as_deref(),
-            served_model = self.rewrite.as_ref().map(|r| &*r.model),
-            rewrite = self.rewrite.as_ref().map(|r| r.rewrite.name.as_str()),
-            pool = self.pool.as_deref(),
-            endpoint = self.endpoint.as_deref(),
-            member = self.member.as_deref(),
-            status,
-            stream = self.stream,
-            priority = self.priority.map(Priority::as_str),
-            ttft_ms = self.ttft.map(millis),
-            duration_ms = millis(duration),
-            prompt_tokens = usage.prompt_tokens,
-            completion_tokens = usage.completion_tokens,
-            queue_wait_ms = self.queue_wait.map(millis),
-            retries = self.retries,
-            decision = self.decision.map(DecisionSummary).map(tracing::field::display),
-            trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
-            error = self.error.as_deref(),
-        );
-    }
+/// Why a stage answers the client itself: the error, and the headers of
+/// the rate limit that refused it, when one did.
+#[derive(Debug)]
+pub struct Refusal {
+    error: ApiError,
+    headers: Option<RateHeaders>,
 }
 
-impl Record {
-    /// What the decision feed keeps of the request when it ends.
-    fn ended(&self, status: u16, duration: Duration, usage: Usage) -> Ended<'_> {
-        Ended {
-            request_id: self.request_id.to_str().unwrap_or("-"),
-            tenant: self.caller.as_ref().map(|c| &*c.tenant),
-            model: self.model.as_deref(),
-            pool: self.pool.as_ref(),
-            endpoint: self.endpoint.as_ref(),
-            status,
-            stream: self.stream,
-            band: self.priority,
-            queue_wait: self.queue_wait,
-            ttft: self.ttft,
-            duration,
-            retries: self.retries,
-            top: self.decision,
-            prompt_tokens: usage.prompt_tokens,
-            completion_tokens: usage.completion_tokens,
-            trace_id: self.trace_id,
-            error: self.error.as_deref(),
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            headers: None,
         }
     }
 }
 
-fn millis(d: Duration) -> f64 {
-    // Microsecond precision: enough for latencies, and no float noise.
-    d.as_micros() as f64 / 1e3
-}
-
-/// `0.812 vs 0.640`: the winner's score and the runner-up's.
-#[derive(Debug, Clone, Copy)]
-struct DecisionSummary(TopScores);
-
-impl fmt::Display for DecisionSummary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.runner_up {
-            Some(r) => write!(f, "{:.3} vs {r:.3}", self.0.winner),
-            None => write!(f, "{:.3} alone", self.0.winner),
+impl From<Refused> for Refusal {
+    fn from(refused: Refused) -> Self {
+        Self {
+            error: refused.error,
+            headers: Some(refused.headers),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decision_summary() {
-        let s = |winner, runner_up| DecisionSummary(TopScores { winner, runner_up }).to_string();
-        assert_eq!(s(0.8126, Some(0.64)), "0.813 vs 0.640");
-        assert_eq!(s(1.0, None), "1.000 alone");
     }
 }

@@ -1,0 +1,365 @@
+//! Stage 9, forward: send the request to the replica admission chose, and
+//! to another while none of it was sent (the replica may be generating it
+//! otherwise); then pass the replica's answer on to the client.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, header};
+use http_body::{Body as _, Frame};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::response_body::{ProxiedBody, ResponseBody};
+use super::{Outgoing, replica_error};
+use crate::error::{ApiError, DropReason};
+use crate::flow::{Admitted, OwnedPick};
+use crate::generation::Generation;
+use crate::generation::pool::Pool;
+use crate::headers;
+use crate::inbound::server::WorkerId;
+use crate::record::Record;
+use crate::telemetry::stage_span;
+
+const X_POOL: &str = "x-infergate-pool";
+const X_ENDPOINT: &str = "x-infergate-endpoint";
+const X_SCORES: &str = "x-infergate-scores";
+/// A rewritten request's model as the client asked for it, the model that
+/// served it, and the rewrite that chose it.
+const X_REQUESTED_MODEL: &str = "x-infergate-requested-model";
+const X_MODEL: &str = "x-infergate-model";
+const X_REWRITE: &str = "x-infergate-rewrite";
+/// Milliseconds the request waited in the admission queue (0 when it went
+/// straight through), to the microsecond.
+const X_QUEUE_WAIT: &str = "x-infergate-queue-wait-ms";
+/// Target of the per-request decision log (every candidate's scores), at
+/// debug level: `INFERGATE_LOG=info,infergate::decision=debug`.
+pub const DECISION_TARGET: &str = "infergate::decision";
+/// Candidates listed in `x-infergate-scores`, best first.
+const SCORES_HEADER_LIMIT: usize = 8;
+
+/// What the forward stage needs of the request.
+pub struct Forward<'a> {
+    pub generation: &'a Arc<Generation>,
+    pub pool: &'a Pool,
+    pub worker: WorkerId,
+    pub outgoing: Outgoing<'a>,
+    pub pick: &'a OwnedPick,
+    /// The gateway asked for the stream's usage in the client's place.
+    pub strip_usage: bool,
+}
+
+/// Send the request to the admitted replica, and to another while none of
+/// it was sent; pass the answer on.
+pub async fn forward(
+    job: Forward<'_>,
+    mut admitted: Admitted,
+    mut record: Record,
+) -> Response<ResponseBody> {
+    let name = job.pool.name();
+    let mut tried: Vec<usize> = Vec::new();
+    loop {
+        let sent_at = Instant::now();
+        let deadline = sent_at + job.generation.timeouts.first_byte();
+        let failed = match send(&job, &admitted, &mut record, deadline).await {
+            Attempt::Answered(answer) => {
+                if answer.status.is_success() {
+                    record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
+                }
+                return pass_on(&job, deadline, answer, admitted, record).await;
+            }
+            Attempt::Failed(error) => return record.refuse(error),
+            Attempt::NotSent(e) => e,
+        };
+        // None of the request reached the replica, so another may try.
+        // Replacing `admitted` below releases this replica's load.
+        let endpoint = &admitted.decision.endpoint;
+        if failed.is_connect() {
+            endpoint.set_reachable(false);
+        }
+        tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %failed,
+            "request not sent to the replica");
+        tried.push(endpoint.index);
+        admitted = match next_replica(&job, &tried, &failed) {
+            Ok(next) => next,
+            Err(error) => return record.refuse(error),
+        };
+        record.retried();
+    }
+}
+
+/// How sending to one replica went.
+enum Attempt {
+    Answered(super::Response),
+    /// The replica may be generating: never sent again.
+    Failed(ApiError),
+    /// None of the request reached the replica.
+    NotSent(super::connections::Error),
+}
+
+/// One attempt: the decision recorded, the request sent, its head awaited
+/// until `deadline`.
+async fn send(
+    job: &Forward<'_>,
+    admitted: &Admitted,
+    record: &mut Record,
+    deadline: Instant,
+) -> Attempt {
+    let name = job.pool.name();
+    let decision = &admitted.decision;
+    let endpoint = &decision.endpoint;
+    job.pool.metrics().count_decision(decision);
+    record.picked(decision);
+    tracing::debug!(target: DECISION_TARGET, pool = %name, endpoint = %endpoint.addr,
+        scores = %decision.scores_header(SCORES_HEADER_LIMIT), "picked");
+    if decision.fallback {
+        tracing::warn!(pool = %name, endpoint = %endpoint.addr,
+            "no replica has fresh metrics; picked by least-request");
+    }
+    let connections = job.pool.runtime().connections(job.worker);
+    let sent = tokio::time::timeout_at(deadline, connections.send(&endpoint.addr, &job.outgoing))
+        .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
+        .await;
+    // The replica has the request from here (or may have part of it):
+    // whatever happens, it is not sent again, and it is charged.
+    record.reached_replica(!matches!(&sent, Ok(Err(e)) if !e.was_sent()));
+    match sent {
+        Ok(Ok(answer)) => Attempt::Answered(answer),
+        Err(_elapsed) => Attempt::Failed(ApiError::upstream_timeout(name)),
+        Ok(Err(e)) if e.was_sent() => {
+            Attempt::Failed(ApiError::upstream_failed(name, &e.to_string()))
+        }
+        Ok(Err(e)) => Attempt::NotSent(e),
+    }
+}
+
+/// Another replica for a request none of which was sent, or the refusal
+/// when none is left.
+fn next_replica(
+    job: &Forward<'_>,
+    tried: &[usize],
+    failed: &super::connections::Error,
+) -> Result<Admitted, ApiError> {
+    let name = job.pool.name();
+    if tried.len() > job.pool.max_retries() {
+        return Err(ApiError::upstream_failed(name, &failed.to_string()));
+    }
+    let admission = job.pool.runtime().admission();
+    match admission.pick_now(&job.pick.as_request(), tried) {
+        Ok(next) => Ok(next),
+        // Nothing left to try. A replica that answered badly is the
+        // failure to report; one that could not be reached leaves the
+        // pool without a reachable replica.
+        Err(_) if !failed.is_connect() => Err(ApiError::upstream_failed(name, &failed.to_string())),
+        Err(no_pick) => Err(pick_error(name, no_pick)),
+    }
+}
+
+/// The replica answered: pass its answer on. A non-streaming answer goes
+/// on once its body starts, so a replica failing before that is the
+/// client's 502, not a 200 with a cut body; a stream's head goes at once.
+async fn pass_on(
+    job: &Forward<'_>,
+    deadline: Instant,
+    mut answer: super::Response,
+    admitted: Admitted,
+    mut record: Record,
+) -> Response<ResponseBody> {
+    let name = job.pool.name();
+    if !headers::plain_transfer_coding(&answer.headers) {
+        let coding = answer.headers.get(header::TRANSFER_ENCODING);
+        let detail = format!(
+            "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
+        );
+        return record.refuse(ApiError::upstream_failed(name, &detail));
+    }
+    record.on_response(answer.status, &answer.headers);
+    let sse = headers::is_event_stream(&answer.headers);
+    let (first, wrapped) = match first_frame(&mut answer, sse, deadline, &admitted).await {
+        Ok(first) => first,
+        Err(e) => return record.refuse(e.into_api(name)),
+    };
+    let mut response_headers = answer_headers(&answer.headers, wrapped, &record);
+    if job.generation.debug.decision_headers {
+        let waited = record.queue_wait().unwrap_or_default();
+        decision_headers(&mut response_headers, name, &admitted.decision, waited);
+        rewrite_headers(&mut response_headers, &record);
+    }
+    let idle = job.generation.timeouts.idle();
+    let keep = Arc::clone(job.generation) as _;
+    let mut body = ProxiedBody::new(answer.body, first, sse, admitted.lease, record, idle, keep);
+    if job.strip_usage {
+        body = body.strip_usage();
+    }
+    let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
+    *response.status_mut() = answer.status;
+    *response.headers_mut() = response_headers;
+    response
+}
+
+/// The answer's first frame, held back for a non-streaming answer until
+/// its body starts; an error body the SDKs could not read is put in the
+/// OpenAI shape (`true` when it was).
+async fn first_frame(
+    answer: &mut super::Response,
+    sse: bool,
+    deadline: Instant,
+    admitted: &Admitted,
+) -> Result<(Option<Frame<Bytes>>, bool), BodyFailed> {
+    if sse {
+        return Ok((None, false));
+    }
+    let first = match tokio::time::timeout_at(deadline, answer.body.frame()).await {
+        Ok(Some(Ok(frame))) => Some(frame),
+        Ok(None) => None,
+        Ok(Some(Err(e))) => return Err(BodyFailed::Failed(e.to_string())),
+        Err(_elapsed) => return Err(BodyFailed::TimedOut),
+    };
+    if !(answer.status.is_client_error() || answer.status.is_server_error()) {
+        return Ok((first, false));
+    }
+    match error_body(first, &mut answer.body, deadline).await? {
+        ErrorBody::Whole(bytes) => {
+            let translated = replica_error::translate(answer.status, &bytes);
+            if let Some(limit) = translated.context_limit {
+                // Later requests too long for it go elsewhere.
+                admitted.decision.endpoint.set_context_limit(limit);
+            }
+            Ok(match translated.body {
+                Some(shaped) => (Some(Frame::data(shaped)), true),
+                None => (Some(Frame::data(bytes)), false),
+            })
+        }
+        ErrorBody::Partial(bytes) => Ok((Some(Frame::data(bytes)), false)),
+    }
+}
+
+/// The replica's end-to-end headers, then the gateway's.
+fn answer_headers(replica: &HeaderMap, wrapped: bool, record: &Record) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(replica.len() + 4);
+    for (name, value) in headers::end_to_end(replica) {
+        headers.append(name.clone(), value.clone());
+    }
+    if wrapped {
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+    }
+    record.rate_headers(&mut headers);
+    headers
+}
+
+/// A replica's error body, read whole up to [`replica_error::LIMIT`].
+enum ErrorBody {
+    Whole(Bytes),
+    /// Longer than the limit: what was read, the rest still to stream.
+    Partial(Bytes),
+}
+
+/// Why an answer's body could not be read.
+enum BodyFailed {
+    Failed(String),
+    TimedOut,
+}
+
+impl BodyFailed {
+    fn into_api(self, pool: &str) -> ApiError {
+        match self {
+            BodyFailed::Failed(e) => ApiError::upstream_failed(pool, &e),
+            BodyFailed::TimedOut => ApiError::upstream_timeout(pool),
+        }
+    }
+}
+
+async fn error_body(
+    first: Option<Frame<Bytes>>,
+    body: &mut super::connections::Body,
+    deadline: Instant,
+) -> Result<ErrorBody, BodyFailed> {
+    let mut bytes = first
+        .and_then(|f| f.into_data().ok())
+        .map(Vec::from)
+        .unwrap_or_default();
+    while bytes.len() <= replica_error::LIMIT && !body.is_end_stream() {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    bytes.extend_from_slice(data);
+                }
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BodyFailed::Failed(e.to_string())),
+            Err(_elapsed) => return Err(BodyFailed::TimedOut),
+        }
+    }
+    let bytes = Bytes::from(bytes);
+    Ok(if bytes.len() > replica_error::LIMIT {
+        ErrorBody::Partial(bytes)
+    } else {
+        ErrorBody::Whole(bytes)
+    })
+}
+
+/// A retry's pick failed: nothing is left to try. Refused for the same
+/// reasons, and saying so the same way, as a first pick.
+fn pick_error(pool: &str, e: picker::PickError) -> ApiError {
+    match e {
+        picker::PickError::Saturated { retry_after, .. } => {
+            ApiError::saturated(pool, retry_after).with_dropped_reason(DropReason::Saturated)
+        }
+        e => {
+            ApiError::no_replicas(pool, &e.to_string()).with_dropped_reason(DropReason::NoReplicas)
+        }
+    }
+}
+
+fn decision_headers(
+    headers: &mut HeaderMap,
+    pool: &str,
+    decision: &picker::Decision,
+    queue_wait: std::time::Duration,
+) {
+    let pairs = [
+        (X_POOL, pool.to_owned()),
+        (X_ENDPOINT, decision.endpoint.addr.to_string()),
+        (
+            X_SCORES,
+            decision.scores_header(SCORES_HEADER_LIMIT).to_string(),
+        ),
+        (
+            X_QUEUE_WAIT,
+            (queue_wait.as_micros() as f64 / 1e3).to_string(),
+        ),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&value)
+            && !value.is_empty()
+        {
+            headers.insert(name, v);
+        }
+    }
+}
+
+/// For a rewritten request, the model asked for, the model served and
+/// the rewrite that chose it.
+fn rewrite_headers(headers: &mut HeaderMap, record: &Record) {
+    let Some(served) = record.served() else {
+        return;
+    };
+    let pairs = [
+        (
+            X_REQUESTED_MODEL,
+            record.requested_model().unwrap_or_default(),
+        ),
+        (X_MODEL, &*served.model),
+        (X_REWRITE, served.rewrite.name.as_str()),
+    ];
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            headers.insert(name, v);
+        }
+    }
+}
