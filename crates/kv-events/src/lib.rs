@@ -1,0 +1,18 @@
+//! Routing on the engines' own KV-cache events instead of a guess.
+//!
+//! vLLM (`--kv-events-config`) and SGLang publish, on a ZMQ PUB socket,
+//! every block their prefix cache stores or evicts. This crate reads that
+//! stream and keeps an exact index of what each replica holds, so the
+//! picker can ask how much of a prompt each candidate already has.
+//!
+//! - [`wire`]: the message format (both of vLLM's msgpack encodings),
+//!   decoding with typed errors, and an encoder for simulators and tests.
+//! - [`keys`]: our own chained block keys, from token ids; engines' hashes
+//!   are not reproducible outside the engine.
+//! - [`index`]: one [`PoolIndex`](index::PoolIndex) per pool: a shared map
+//!   from block key to the replicas holding it, plus per replica the
+//!   engine-hash → key map and the stream's status. Its docs explain why
+//!   this shape.
+pub mod index;
+pub mod keys;
+pub mod wire;
