@@ -11,7 +11,7 @@
 //!   that is a fixed `Instant` plus the virtual time, and a seeded RNG for
 //!   ties. The load guard of each request is held until its engine reports
 //!   it finished, as the gateway holds it until the response body ends.
-//! - **Signals**: every replica is scraped every `scrape_interval`, each at
+//! - **Features**: every replica is scraped every `scrape_interval`, each at
 //!   its own phase. A scrape is a snapshot of the engine's stats mapped the
 //!   way the vLLM dialect reads `/metrics`; the picker sees it
 //!   `scrape_delay` later and keeps it until the next one.

@@ -47,5 +47,5 @@ pub use policy::{
 pub use pool::{Decision, PickError, PickRequest, Picker};
 pub use prefix::{PrefixIndex, PromptHasher, PromptValue, prompt_hashes};
 pub use retry_after::estimate_retry_after;
-pub use scorers::{LoraFit, Scorer, Signals};
+pub use scorers::{Features, LoraFit, Scorer};
 pub use session::{SessionFit, session_key};

@@ -1,5 +1,5 @@
 //! Scorers: each gives every candidate a score in `[0, 1]`, higher is
-//! better, from the candidates' [`Signals`] alone.
+//! better, from the candidates' [`Features`] alone.
 //!
 //! Unknown signals (`None`: the engine's dialect does not expose them) must
 //! not make a replica look idle or full. A candidate whose signal is unknown
@@ -16,7 +16,7 @@ use crate::session::SessionFit;
 
 /// What the scorers know about one candidate, extracted once per pick.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Signals {
+pub struct Features {
     /// Requests waiting in the engine (scraped).
     pub waiting: Option<u64>,
     /// Requests this gateway sent that the replica has not answered yet (no
@@ -110,7 +110,7 @@ impl Scorer {
     }
 
     /// Score every candidate: `out[i]` for `signals[i]`.
-    pub fn score(self, signals: &[Signals], ctx: &ScoreContext, out: &mut [f64]) {
+    pub fn score(self, signals: &[Features], ctx: &ScoreContext, out: &mut [f64]) {
         match self {
             Scorer::Queue => queue(signals, ctx.queue_depth, out),
             Scorer::KvCache => kv_cache(signals, out),
@@ -137,7 +137,7 @@ impl Scorer {
 /// requests from landing in the same engine step on a replica that has
 /// just taken one, and it gives engines that do not report a queue a queue
 /// signal.
-pub fn queue(signals: &[Signals], queue_depth: u64, out: &mut [f64]) {
+pub fn queue(signals: &[Features], queue_depth: u64, out: &mut [f64]) {
     lower_is_better(
         out,
         |i| Some(queue_of(&signals[i]) as f64),
@@ -146,13 +146,13 @@ pub fn queue(signals: &[Signals], queue_depth: u64, out: &mut [f64]) {
 }
 
 /// The backlog the queue scorer ranks by.
-fn queue_of(signals: &Signals) -> u64 {
+fn queue_of(signals: &Features) -> u64 {
     signals.waiting.unwrap_or(0).max(signals.unanswered)
 }
 
 /// More free KV cache is better: `1 - kv_usage`. Absolute, not relative:
 /// a 30 % full cache is fine however full the others are.
-pub fn kv_cache(signals: &[Signals], out: &mut [f64]) {
+pub fn kv_cache(signals: &[Features], out: &mut [f64]) {
     for (score, s) in out.iter_mut().zip(signals) {
         *score = match s.kv_usage {
             Some(kv) if kv.is_finite() => 1.0 - kv.clamp(0.0, 1.0),
@@ -166,7 +166,7 @@ pub fn kv_cache(signals: &[Signals], out: &mut [f64]) {
 /// token scores, each `1 - (x - min) / max(max - min, tolerance)`. This is
 /// the one signal that moves between scrapes, so a burst spreads instead
 /// of landing on the replica that looked idle at the last scrape.
-pub fn inflight(signals: &[Signals], tolerance: InflightTolerance, out: &mut [f64]) {
+pub fn inflight(signals: &[Features], tolerance: InflightTolerance, out: &mut [f64]) {
     lower_is_better(
         out,
         |i| Some(signals[i].inflight_requests as f64),
@@ -199,7 +199,7 @@ pub const AFFINITY_UNANSWERED_BOUND: u64 = 8;
 /// strayed turns elsewhere and brought back the multi-turn collapse (one
 /// seed in three at 11 s TTFT p95 in virtual time). A prompt shorter than
 /// one block has nothing to match: every candidate gets 1.
-pub fn prefix(signals: &[Signals], prompt_blocks: usize, out: &mut [f64]) {
+pub fn prefix(signals: &[Features], prompt_blocks: usize, out: &mut [f64]) {
     if prompt_blocks == 0 {
         out.fill(1.0);
         return;
@@ -214,7 +214,7 @@ pub fn prefix(signals: &[Signals], prompt_blocks: usize, out: &mut [f64]) {
 
 /// Adapter resident → 1, a free slot → 0.8, already loading → 0.6, no room
 /// → 0; no adapter requested → 1 for every candidate.
-pub fn lora(signals: &[Signals], out: &mut [f64]) {
+pub fn lora(signals: &[Features], out: &mut [f64]) {
     for (score, s) in out.iter_mut().zip(signals) {
         *score = s.lora.score().unwrap_or(f64::NAN);
     }
@@ -223,7 +223,7 @@ pub fn lora(signals: &[Signals], out: &mut [f64]) {
 
 /// The session's home → 1, other replicas → 0 ([`crate::session`]);
 /// without a session every candidate gets 1.
-pub fn session(signals: &[Signals], out: &mut [f64]) {
+pub fn session(signals: &[Features], out: &mut [f64]) {
     for (score, s) in out.iter_mut().zip(signals) {
         *score = match s.session {
             SessionFit::NoSession | SessionFit::Home => 1.0,
@@ -238,7 +238,7 @@ pub fn session(signals: &[Signals], out: &mut [f64]) {
 /// it (a replica three times slower per token scores 1/3): at equal load
 /// the faster replica wins, and a slower one gets work once the faster
 /// ones' load outweighs the difference.
-pub fn speed(signals: &[Signals], out: &mut [f64]) {
+pub fn speed(signals: &[Features], out: &mut [f64]) {
     let fastest = signals
         .iter()
         .filter_map(|s| s.token_time)
@@ -295,7 +295,7 @@ fn fill_unknown_with_mean(out: &mut [f64]) {
 mod tests {
     use super::*;
 
-    fn run(scorer: Scorer, signals: &[Signals], prompt_blocks: usize) -> Vec<f64> {
+    fn run(scorer: Scorer, signals: &[Features], prompt_blocks: usize) -> Vec<f64> {
         let ctx = ScoreContext {
             prompt_blocks,
             queue_depth: 5,
@@ -312,10 +312,10 @@ mod tests {
         out
     }
 
-    fn waiting(w: Option<u64>) -> Signals {
-        Signals {
+    fn waiting(w: Option<u64>) -> Features {
+        Features {
             waiting: w,
-            ..Signals::default()
+            ..Features::default()
         }
     }
 
@@ -339,10 +339,10 @@ mod tests {
 
     #[test]
     fn queue_is_the_larger_of_scraped_and_unanswered() {
-        let queue = |waiting: Option<u64>, unanswered| Signals {
+        let queue = |waiting: Option<u64>, unanswered| Features {
             waiting,
             unanswered,
-            ..Signals::default()
+            ..Features::default()
         };
         // Two sent since the scrape said 0; a scraped 3 that includes
         // other clients' requests outweighs this gateway's 1.
@@ -355,9 +355,9 @@ mod tests {
 
     #[test]
     fn kv_cache_scores_free_fraction() {
-        let kv = |v| Signals {
+        let kv = |v| Features {
             kv_usage: v,
-            ..Signals::default()
+            ..Features::default()
         };
         let s = [
             kv(Some(0.25)),
@@ -374,10 +374,10 @@ mod tests {
 
     #[test]
     fn inflight_counts_requests_and_tokens() {
-        let load = |requests, tokens| Signals {
+        let load = |requests, tokens| Features {
             inflight_requests: requests,
             inflight_tokens: tokens,
-            ..Signals::default()
+            ..Features::default()
         };
         // One request more: a quarter of the request tolerance.
         let s = [load(0, 0), load(1, 0)];
@@ -391,9 +391,9 @@ mod tests {
 
     #[test]
     fn prefix_is_matched_share_of_the_prompt() {
-        let matched = |blocks| Signals {
+        let matched = |blocks| Features {
             prefix_blocks: blocks,
-            ..Signals::default()
+            ..Features::default()
         };
         let s = [matched(0), matched(5), matched(20)];
         approx(&run(Scorer::Prefix, &s, 20), &[0.0, 0.25, 1.0]);
@@ -402,11 +402,11 @@ mod tests {
 
     #[test]
     fn prefix_affinity_fades_with_unanswered_requests_beyond_the_fewest() {
-        let holder = |waiting, unanswered| Signals {
+        let holder = |waiting, unanswered| Features {
             prefix_blocks: 20,
             waiting: Some(waiting),
             unanswered,
-            ..Signals::default()
+            ..Features::default()
         };
         // Unanswered 1, 5, 9, 1: 0, 4, 8 and 0 beyond the fewest. The
         // scraped queue (waiting) does not fade it.
@@ -418,9 +418,9 @@ mod tests {
 
     #[test]
     fn lora_ranks_resident_then_free_slot_then_loading() {
-        let fit = |lora| Signals {
+        let fit = |lora| Features {
             lora,
-            ..Signals::default()
+            ..Features::default()
         };
         let s = [
             fit(LoraFit::Resident),
@@ -441,9 +441,9 @@ mod tests {
 
     #[test]
     fn session_scores_home_one_and_others_zero() {
-        let fit = |session| Signals {
+        let fit = |session| Features {
             session,
-            ..Signals::default()
+            ..Features::default()
         };
         let s = [
             fit(SessionFit::Away),
@@ -474,9 +474,9 @@ mod tests {
 
     #[test]
     fn speed_is_relative_to_the_fastest_measured_replica() {
-        let timed = |t| Signals {
+        let timed = |t| Features {
             token_time: t,
-            ..Signals::default()
+            ..Features::default()
         };
         let s = [timed(Some(0.01)), timed(Some(0.04)), timed(None)];
         // Unknown: the mean of the known, so a new replica gets tried.

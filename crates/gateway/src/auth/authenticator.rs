@@ -12,7 +12,7 @@ use super::api_keys::{self, ApiKeys, KeyRefused};
 use super::credential::{self, Credential};
 use super::jwt::JwtVerifier;
 use super::refusal::{AUTH_TARGET, AuthError, Kind, Reason, Refusal};
-use super::tenants::{Globs, Policy, Tenants};
+use super::tenants::{Globs, TenantRules, Tenants};
 use crate::error::ApiError;
 use crate::outbound::CallerFields;
 use crate::record::Caller;
@@ -24,7 +24,7 @@ pub struct Identity {
     /// The tenant's name as authenticated (listed in `spec.tenants` or not).
     pub tenant: Arc<str>,
     pub via: Via,
-    policy: Arc<Policy>,
+    policy: Arc<TenantRules>,
     /// A token's models claim, narrowing its tenant's models.
     token_models: Option<Arc<Globs>>,
     max_priority: Priority,

@@ -12,7 +12,7 @@ use crate::telemetry::TenantLabel;
 
 /// One tenant's rules.
 #[derive(Debug)]
-pub struct Policy {
+pub struct TenantRules {
     /// Models and adapters it may use; every one when `None`.
     pub models: Option<Globs>,
     /// The most urgent band its requests may have.
@@ -24,17 +24,17 @@ pub struct Policy {
 }
 
 pub struct Tenants {
-    listed: HashMap<String, Arc<Policy>>,
-    unlisted: Arc<Policy>,
-    anonymous: Arc<Policy>,
+    listed: HashMap<String, Arc<TenantRules>>,
+    unlisted: Arc<TenantRules>,
+    anonymous: Arc<TenantRules>,
 }
 
 impl Tenants {
     pub fn new(tenants: &[config::Tenant]) -> Self {
-        let listed: HashMap<String, Arc<Policy>> = tenants
+        let listed: HashMap<String, Arc<TenantRules>> = tenants
             .iter()
             .map(|t| {
-                let policy = Policy {
+                let policy = TenantRules {
                     models: t.models.as_deref().map(Globs::new),
                     max_priority: t.max_priority(),
                     weight: t.weight(),
@@ -48,7 +48,7 @@ impl Tenants {
         // an `anonymous` tenant says otherwise they keep what every caller
         // had before tenants existed.
         let anonymous = listed.get(ANONYMOUS_TENANT).cloned().unwrap_or_else(|| {
-            Arc::new(Policy {
+            Arc::new(TenantRules {
                 models: None,
                 max_priority: Priority::Critical,
                 weight: 1,
@@ -57,7 +57,7 @@ impl Tenants {
         });
         Self {
             listed,
-            unlisted: Arc::new(Policy {
+            unlisted: Arc::new(TenantRules {
                 models: None,
                 max_priority: config::defaults::TENANT_MAX_PRIORITY,
                 weight: 1,
@@ -68,18 +68,18 @@ impl Tenants {
     }
 
     /// The rules of tenant `name`.
-    pub fn policy(&self, name: &str) -> &Arc<Policy> {
+    pub fn policy(&self, name: &str) -> &Arc<TenantRules> {
         self.listed.get(name).unwrap_or(&self.unlisted)
     }
 
     /// The rules of a tenant not in `spec.tenants`: every model, at most
     /// `standard`, weight 1.
-    pub fn unlisted(&self) -> &Arc<Policy> {
+    pub fn unlisted(&self) -> &Arc<TenantRules> {
         &self.unlisted
     }
 
     /// The rules of anonymous callers (authentication off).
-    pub fn anonymous(&self) -> &Arc<Policy> {
+    pub fn anonymous(&self) -> &Arc<TenantRules> {
         &self.anonymous
     }
 }

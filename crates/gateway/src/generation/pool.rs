@@ -38,13 +38,13 @@ pub struct Runtime {
     /// TLS to the `https://` replicas, for every worker's connections and
     /// the scrapers; replaced when a generation changes it.
     tls: Arc<ArcSwapOption<PoolTls>>,
-    members: Mutex<Members>,
+    replicas: Mutex<Replicas>,
     dispatcher: JoinHandle<()>,
 }
 
 /// Who is in the pool, and what watches them.
 #[derive(Default)]
-struct Members {
+struct Replicas {
     /// One per replica, by address, with the dialect it scrapes; each
     /// stops its task when dropped.
     scrapers: HashMap<Arc<str>, (signals::Scraper, signals::Dialect)>,
@@ -87,7 +87,7 @@ impl Runtime {
                 .map(|_| Connections::new(settings.clone()))
                 .collect(),
             tls,
-            members: Mutex::default(),
+            replicas: Mutex::default(),
         })
     }
 
@@ -164,7 +164,7 @@ impl Runtime {
     /// Replicas whose metrics dialect is not the pool's `engine`, for the
     /// next [`Runtime::configure`].
     pub fn set_engines(&self, engines: HashMap<String, signals::Dialect>) {
-        self.members.lock().engines = engines;
+        self.replicas.lock().engines = engines;
     }
 
     /// Replace the membership between generations (replicas discovered in
@@ -178,10 +178,10 @@ impl Runtime {
         metrics: &Metrics,
     ) {
         let (scrape, connect_timeout) = {
-            let mut members = self.members.lock();
-            members.engines = engines;
-            match members.scrape {
-                Some(scrape) => (scrape, members.connect_timeout),
+            let mut replicas = self.replicas.lock();
+            replicas.engines = engines;
+            match replicas.scrape {
+                Some(scrape) => (scrape, replicas.connect_timeout),
                 None => return,
             }
         };
@@ -218,13 +218,13 @@ impl Runtime {
         connect_timeout: Duration,
         tls_changed: bool,
     ) {
-        let mut members = self.members.lock();
+        let mut replicas = self.replicas.lock();
         let old = self.picker.endpoints();
-        if members.scrape.as_ref() != Some(&scrape) || tls_changed {
-            members.scrapers.clear();
-            members.scrape = Some(scrape);
+        if replicas.scrape.as_ref() != Some(&scrape) || tls_changed {
+            replicas.scrapers.clear();
+            replicas.scrape = Some(scrape);
         }
-        members.connect_timeout = connect_timeout;
+        replicas.connect_timeout = connect_timeout;
         let mut endpoints: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len());
         for addr in addrs {
             if endpoints.iter().any(|e| &*e.addr == addr.as_str()) {
@@ -233,8 +233,8 @@ impl Runtime {
             let endpoint = match old.iter().find(|e| &*e.addr == addr.as_str()) {
                 Some(kept) => Arc::clone(kept),
                 None => {
-                    let id = members.next_id;
-                    members.next_id += 1;
+                    let id = replicas.next_id;
+                    replicas.next_id += 1;
                     Endpoint::new(id, addr.as_str())
                 }
             };
@@ -243,9 +243,9 @@ impl Runtime {
         let dialect_of = |engines: &HashMap<String, signals::Dialect>, addr: &str| {
             engines.get(addr).copied().unwrap_or(scrape.dialect)
         };
-        let Members {
+        let Replicas {
             scrapers, engines, ..
-        } = &mut *members;
+        } = &mut *replicas;
         scrapers.retain(|addr, (_, dialect)| {
             endpoints.iter().any(|e| e.addr == *addr) && *dialect == dialect_of(engines, addr)
         });

@@ -16,7 +16,7 @@ use crate::explain::{CandidateScore, TopScores};
 use crate::health::Health;
 use crate::policy::{Fallback, PickerConfig, Policy, Weights};
 use crate::prefix::{MatchScratch, PrefixIndex};
-use crate::scorers::{LoraFit, ScoreContext, Scorer, Signals};
+use crate::scorers::{Features, LoraFit, ScoreContext, Scorer};
 use crate::session::{self, SessionFit};
 
 /// Totals this close are a tie (they differ only by rounding).
@@ -30,7 +30,7 @@ struct Scratch {
     positions: Vec<usize>,
     /// Candidate → endpoint index.
     indexes: Vec<usize>,
-    signals: Vec<Signals>,
+    signals: Vec<Features>,
     matched: Vec<usize>,
     /// `Scorer::COUNT` columns of one score per candidate.
     columns: Vec<f64>,
@@ -260,7 +260,7 @@ impl ScoredPick<'_> {
         }
         scratch.positions.push(position);
         scratch.indexes.push(endpoint.index);
-        scratch.signals.push(Signals {
+        scratch.signals.push(Features {
             waiting,
             kv_usage,
             inflight_requests: endpoint.load.requests(),

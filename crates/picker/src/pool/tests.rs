@@ -504,7 +504,7 @@ fn least_request_picks_the_least_loaded() {
         }
     }
     assert_eq!(pick_index(&pool, &PickRequest::default(), now, &[]), 1);
-    // Signals are ignored: even stale, saturated replicas are used.
+    // Features are ignored: even stale, saturated replicas are used.
     let stale = now + Duration::from_secs(60);
     assert_eq!(pick_index(&pool, &PickRequest::default(), stale, &[1]), 2);
 }
