@@ -16,7 +16,7 @@
 //! - [`outcomes`]: plain counters of how each model's requests ended,
 //!   for the load summary's error and 429 rates.
 //!
-//! The record stage (`record.rs`) is where a request's numbers are counted.
+//! The record stage (`record/`) is where a request's numbers are counted.
 
 mod access_log;
 pub mod decisions;
