@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, Uri, header};
 
 use super::answer_body::MemberBody;
 use super::member::{InFlight, Member, Outcome, noted};
-use super::roster::Choice;
+use super::roster::{Choice, Roster};
 use crate::error::ApiError;
 use crate::generation::Generation;
 use crate::outbound;
@@ -62,7 +62,6 @@ pub async fn forward(
         "global"
     };
     record.routed(Arc::from(tier), None);
-    let first_byte = generation.timeouts.first_byte();
     let mut headers = request.outgoing.header_map();
     headers.remove(header::CONTENT_LENGTH);
     let mut last_failure: Option<ApiError> = None;
@@ -82,54 +81,17 @@ pub async fn forward(
                 }
             }
         };
-        let mut sent_headers = headers.clone();
-        if let Some(auth) = &member.authorization {
-            sent_headers.insert(header::AUTHORIZATION, auth.clone());
-        }
-        let url = format!(
-            "{}{}",
-            member.base_url,
-            request.uri.path_and_query().map_or("/", |p| p.as_str())
-        );
         let in_flight = InFlight::new(Arc::clone(member));
-        let send = roster
-            .client
-            .request(request.method.clone(), &url)
-            .headers(sent_headers)
-            .body(body)
-            .send();
+        let sent = send(
+            state, generation, &roster, &request, &headers, member, body, last,
+        );
         record.reached_replica(true);
-        let answer = tokio::time::timeout(first_byte, send).await;
-        let now = Instant::now();
-        let failure = match answer {
-            // The member may be generating: never sent again.
-            Err(_elapsed) => {
-                outcome(state, member, Outcome::Failed, now);
-                return record.refuse(ApiError::upstream_timeout(&format!(
-                    "member {}",
-                    member.name()
-                )));
+        let failure = match sent.await {
+            Attempt::Answered(response) => {
+                return pass_on(generation, response, member, in_flight, record, fallback);
             }
-            Ok(Err(e)) => {
-                outcome(state, member, Outcome::Failed, now);
-                ApiError::upstream_failed(&format!("member {}", member.name()), &error_chain(&e))
-            }
-            Ok(Ok(response)) => {
-                let status = response.status();
-                let kind = match status {
-                    s if s.is_server_error() => Outcome::Failed,
-                    StatusCode::TOO_MANY_REQUESTS => Outcome::Throttled,
-                    _ => Outcome::Answered,
-                };
-                outcome(state, member, kind, now);
-                if kind == Outcome::Answered || last {
-                    return pass_on(generation, response, member, in_flight, record, fallback);
-                }
-                ApiError::upstream_failed(
-                    &format!("member {}", member.name()),
-                    &format!("it answered {status}"),
-                )
-            }
+            Attempt::Failed(error) => return record.refuse(error),
+            Attempt::Next(failure) => failure,
         };
         if !last {
             let next = order[attempt + 1].name();
@@ -141,6 +103,76 @@ pub async fn forward(
         last_failure = Some(failure);
     }
     record.refuse(last_failure.unwrap_or_else(|| no_member("no member could take the request")))
+}
+
+/// How one attempt at a member went.
+enum Attempt {
+    /// An answer to pass on.
+    Answered(reqwest::Response),
+    /// The member may be generating: never sent again.
+    Failed(ApiError),
+    /// Failed before any answer: the next member may try.
+    Next(ApiError),
+}
+
+/// One attempt at `member`, its outcome fed to the member's health. A
+/// throttled or failing answer is passed on only from the `last` member.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    state: &State,
+    generation: &Generation,
+    roster: &Roster,
+    request: &MemberRequest<'_>,
+    headers: &HeaderMap,
+    member: &Member,
+    body: Bytes,
+    last: bool,
+) -> Attempt {
+    let mut sent_headers = headers.clone();
+    if let Some(auth) = &member.authorization {
+        sent_headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    let url = format!(
+        "{}{}",
+        member.base_url,
+        request.uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    let send = roster
+        .client
+        .request(request.method.clone(), &url)
+        .headers(sent_headers)
+        .body(body)
+        .send();
+    let answer = tokio::time::timeout(generation.timeouts.first_byte(), send).await;
+    let now = Instant::now();
+    let who = format!("member {}", member.name());
+    match answer {
+        Err(_elapsed) => {
+            outcome(state, member, Outcome::Failed, now);
+            Attempt::Failed(ApiError::upstream_timeout(&who))
+        }
+        Ok(Err(e)) => {
+            outcome(state, member, Outcome::Failed, now);
+            Attempt::Next(ApiError::upstream_failed(&who, &error_chain(&e)))
+        }
+        Ok(Ok(response)) => {
+            let status = response.status();
+            let kind = match status {
+                s if s.is_server_error() => Outcome::Failed,
+                StatusCode::TOO_MANY_REQUESTS => Outcome::Throttled,
+                _ => Outcome::Answered,
+            };
+            outcome(state, member, kind, now);
+            if kind == Outcome::Answered || last {
+                Attempt::Answered(response)
+            } else {
+                Attempt::Next(ApiError::upstream_failed(
+                    &who,
+                    &format!("it answered {status}"),
+                ))
+            }
+        }
+    }
 }
 
 fn outcome(state: &State, member: &Member, outcome: Outcome, now: Instant) {
