@@ -13,6 +13,15 @@
 //!   from block key to the replicas holding it, plus per replica the
 //!   engine-hash → key map and the stream's status. Its docs explain why
 //!   this shape.
+//! - [`subscriber`]: a task per replica rank that follows its publisher
+//!   into the index, filling gaps from the replay socket and noticing
+//!   restarts.
+//! - [`publisher`]: the publishing side (PUB plus replay ROUTER), for the
+//!   simulator and tests.
+//!
+//! ZeroMQ comes from the pure-Rust `zeromq` crate: no libzmq to install.
 pub mod index;
 pub mod keys;
+pub mod publisher;
+pub mod subscriber;
 pub mod wire;
