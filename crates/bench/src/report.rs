@@ -808,14 +808,21 @@ const COLORS: [&str; 8] = [
     "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
 ];
 
-/// An SVG document on a white canvas with `title` above the plot.
-fn chart_open(title: &str) -> String {
+/// An SVG document `width` × `height` on a white canvas, left open for
+/// what is drawn on it.
+pub(crate) fn svg_canvas(width: f64, height: f64) -> String {
     let mut svg = String::new();
     let _ = writeln!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    svg
+}
+
+/// An SVG document on a white canvas with `title` above the plot.
+fn chart_open(title: &str) -> String {
+    let mut svg = svg_canvas(WIDTH, HEIGHT);
     let _ = writeln!(
         svg,
         r#"<text x="{LEFT}" y="24" font-size="15" font-weight="bold">{}</text>"#,

@@ -390,6 +390,29 @@ fn fleet(replicas: usize, hardware: &[&str], model: &str) -> FleetPlan {
 }
 
 impl Scenario {
+    /// What most scenarios are: the policies compared over [`REQUESTS`]
+    /// requests a run ([`LIVE_REQUESTS`] live), in both modes.
+    fn standard(
+        name: &'static str,
+        about: &'static str,
+        fleet: FleetPlan,
+        workload: WorkloadSpec,
+        loads: Vec<f64>,
+    ) -> Scenario {
+        Scenario {
+            name,
+            about,
+            fleet,
+            workload,
+            loads,
+            length: RunLength::Requests(REQUESTS),
+            live_length: RunLength::Requests(LIVE_REQUESTS),
+            live: true,
+            virtual_time: true,
+            compare: Compare::Policies,
+        }
+    }
+
     /// The scenario called `name`, sized for `size`.
     pub fn named(name: &str, size: Size) -> anyhow::Result<Scenario> {
         let quick = size == Size::Quick;
@@ -399,30 +422,20 @@ impl Scenario {
             LOADS.to_vec()
         };
         let mut scenario = match name {
-            "mixed-fleet" => Scenario {
-                name: "mixed-fleet",
-                about: "A mixed-generation fleet: the same model on fast and slow GPUs, chat traffic.",
-                fleet: fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, chat()),
+            "mixed-fleet" => Scenario::standard(
+                "mixed-fleet",
+                "A mixed-generation fleet: the same model on fast and slow GPUs, chat traffic.",
+                fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, chat()),
                 loads,
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
-            "bursty" => Scenario {
-                name: "bursty",
-                about: "Bursty chat traffic on a large tensor-parallel model: quiet periods, then peaks at 3-5x the mean rate.",
-                fleet: tp4_70b(4),
-                workload: workload(bursts(), chat()),
+            ),
+            "bursty" => Scenario::standard(
+                "bursty",
+                "Bursty chat traffic on a large tensor-parallel model: quiet periods, then peaks at 3-5x the mean rate.",
+                tp4_70b(4),
+                workload(bursts(), chat()),
                 loads,
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
+            ),
             "flow-control" => {
                 let Traffic::Bursty { cycle_seconds, .. } = bursts() else {
                     unreachable!("bursts are bursty")
@@ -449,11 +462,11 @@ impl Scenario {
                     compare: Compare::FlowControl,
                 }
             }
-            "shared-prefix" => Scenario {
-                name: "shared-prefix",
-                about: "Users asking about 8 shared documents of 2-6k tokens in multi-turn conversations.",
-                fleet: fleet(8, &["a10g"], "llama-3.1-8b"),
-                workload: workload(
+            "shared-prefix" => Scenario::standard(
+                "shared-prefix",
+                "Users asking about 8 shared documents of 2-6k tokens in multi-turn conversations.",
+                fleet(8, &["a10g"], "llama-3.1-8b"),
+                workload(
                     Traffic::Poisson,
                     Mix::SharedPrefix {
                         documents: 8,
@@ -473,23 +486,18 @@ impl Scenario {
                     },
                 ),
                 loads,
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
+            ),
             "lora" => {
                 let adapters: Vec<String> = (0..12).map(|i| format!("lora-{i:02}")).collect();
-                Scenario {
-                    name: "lora",
-                    about: "12 LoRA adapters of one base model with Zipf popularity, 4 adapter slots per replica.",
-                    fleet: FleetPlan {
+                Scenario::standard(
+                    "lora",
+                    "12 LoRA adapters of one base model with Zipf popularity, 4 adapter slots per replica.",
+                    FleetPlan {
                         adapters: adapters.clone(),
                         max_loras: Some(4),
                         ..fleet(4, &["h100"], "llama-3.1-8b")
                     },
-                    workload: workload(
+                    workload(
                         Traffic::Poisson,
                         Mix::Lora {
                             adapters,
@@ -505,96 +513,64 @@ impl Scenario {
                         },
                     ),
                     loads,
-                    length: RunLength::Requests(REQUESTS),
-                    live_length: RunLength::Requests(LIVE_REQUESTS),
-                    live: true,
-                    virtual_time: true,
-                    compare: Compare::Policies,
-                }
+                )
             }
             "agent" => Scenario {
-                name: "agent",
-                about: "Agent loops: every loop shares a 1.5k-token system prompt, then resends its growing transcript (a tool output of 200-800 tokens a turn, 4-10 turns, 2 s between turns); scored picking with and without session affinity (`+sessions`).",
-                fleet: fleet(8, &["a10g"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, crate::workload::agent::agent_loops()),
-                loads,
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
                 compare: Compare::Sessions,
+                ..Scenario::standard(
+                    "agent",
+                    "Agent loops: every loop shares a 1.5k-token system prompt, then resends its growing transcript (a tool output of 200-800 tokens a turn, 4-10 turns, 2 s between turns); scored picking with and without session affinity (`+sessions`).",
+                    fleet(8, &["a10g"], "llama-3.1-8b"),
+                    workload(Traffic::Poisson, crate::workload::agent::agent_loops()),
+                    loads,
+                )
             },
-            "uniform" => Scenario {
-                name: "uniform",
-                about: "Identical replicas and steady Poisson chat traffic: nothing for smart routing to exploit.",
-                fleet: fleet(4, &["h100"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, chat()),
+            "uniform" => Scenario::standard(
+                "uniform",
+                "Identical replicas and steady Poisson chat traffic: nothing for smart routing to exploit.",
+                fleet(4, &["h100"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, chat()),
                 loads,
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
-            "prefix-pressure" => Scenario {
-                name: "prefix-pressure",
-                about: "128 shared system prompts (about 290k tokens) over 4 identical replicas whose prefix caches hold about 140k tokens each, at moderate load: cache affinity and load balance pull against each other.",
-                fleet: fleet(4, &["a100-40gb"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, pressured_prompts()),
-                loads: vec![0.6],
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
-            "heterogeneous" => Scenario {
-                name: "heterogeneous",
-                about: "Fast and about 4-5x slower replicas of one model (H100 and A10G) at 75 % of the fleet's capacity, unique prompts: where least-connections is already strong.",
-                fleet: fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, chat()),
-                loads: vec![0.75],
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
-            "multi-turn" => Scenario {
-                name: "multi-turn",
-                about: "Conversations of 3-10 turns, each with its own system prompt, resending a context that grows every turn, over 4 identical replicas at 70 % load.",
-                fleet: fleet(4, &["a100-40gb"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, conversations()),
-                loads: vec![0.7],
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
-            "bursty-uneven" => Scenario {
-                name: "bursty-uneven",
-                about: "The bursty scenario's bursts with uneven requests: long prompts (up to 16k tokens) mixed with short ones, so a metric-blind router piles new requests onto replicas still busy with long prefills.",
-                fleet: tp4_70b(4),
-                workload: workload(bursts(), uneven_chat()),
-                loads: vec![0.7],
-                length: RunLength::Requests(REQUESTS),
-                live_length: RunLength::Requests(LIVE_REQUESTS),
-                live: true,
-                virtual_time: true,
-                compare: Compare::Policies,
-            },
+            ),
+            "prefix-pressure" => Scenario::standard(
+                "prefix-pressure",
+                "128 shared system prompts (about 290k tokens) over 4 identical replicas whose prefix caches hold about 140k tokens each, at moderate load: cache affinity and load balance pull against each other.",
+                fleet(4, &["a100-40gb"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, pressured_prompts()),
+                vec![0.6],
+            ),
+            "heterogeneous" => Scenario::standard(
+                "heterogeneous",
+                "Fast and about 4-5x slower replicas of one model (H100 and A10G) at 75 % of the fleet's capacity, unique prompts: where least-connections is already strong.",
+                fleet(8, &["h100", "a10g"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, chat()),
+                vec![0.75],
+            ),
+            "multi-turn" => Scenario::standard(
+                "multi-turn",
+                "Conversations of 3-10 turns, each with its own system prompt, resending a context that grows every turn, over 4 identical replicas at 70 % load.",
+                fleet(4, &["a100-40gb"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, conversations()),
+                vec![0.7],
+            ),
+            "bursty-uneven" => Scenario::standard(
+                "bursty-uneven",
+                "The bursty scenario's bursts with uneven requests: long prompts (up to 16k tokens) mixed with short ones, so a metric-blind router piles new requests onto replicas still busy with long prefills.",
+                tp4_70b(4),
+                workload(bursts(), uneven_chat()),
+                vec![0.7],
+            ),
             "fleet-scale" => Scenario {
-                name: "fleet-scale",
-                about: "A thousand H100 replicas and a million light chat requests, in virtual time.",
-                fleet: fleet(1000, &["h100"], "llama-3.1-8b"),
-                workload: workload(Traffic::Poisson, light_chat()),
-                loads: vec![0.8],
                 length: RunLength::Requests(1_000_000),
                 live_length: RunLength::Requests(0),
                 live: false,
-                virtual_time: true,
-                compare: Compare::Policies,
+                ..Scenario::standard(
+                    "fleet-scale",
+                    "A thousand H100 replicas and a million light chat requests, in virtual time.",
+                    fleet(1000, &["h100"], "llama-3.1-8b"),
+                    workload(Traffic::Poisson, light_chat()),
+                    vec![0.8],
+                )
             },
             other => bail!(
                 "unknown scenario {other:?} (expected all, {})",

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::analysis::{ShareBin, Timeline};
+use crate::report::svg_canvas;
 
 const WIDTH: f64 = 720.0;
 const HEIGHT: f64 = 360.0;
@@ -19,12 +20,7 @@ pub fn share_plot(timeline: &Timeline, bins: &[ShareBin]) -> String {
     let length = timeline.length.as_secs_f64().max(1e-9);
     let x = |s: f64| LEFT + s / length * (WIDTH - LEFT - RIGHT);
     let y = |share: f64| HEIGHT - BOTTOM - share * (HEIGHT - TOP - BOTTOM);
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let mut svg = svg_canvas(WIDTH, HEIGHT);
     let _ = writeln!(
         svg,
         r#"<text x="{}" y="22" text-anchor="middle" font-size="14">Share of requests per member (1 s bins): {} killed and restarted</text>"#,

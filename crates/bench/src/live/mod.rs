@@ -111,17 +111,14 @@ pub async fn run(
                 let ready = gateway
                     .wait_ready(endpoints.len(), options.ready_timeout)
                     .await;
-                let measured = match ready {
-                    Ok(()) => {
-                        let before = gateway.cpu_seconds();
-                        let outcomes = drive(gateway.addr(), requests, options).await;
-                        outcomes.map(|outcomes| LiveRun {
-                            outcomes,
-                            router_cpu_seconds: cpu_between(before, gateway.cpu_seconds()),
-                        })
-                    }
-                    Err(e) => Err(e),
-                };
+                let measured = measure(
+                    ready,
+                    gateway.addr(),
+                    || gateway.cpu_seconds(),
+                    requests,
+                    options,
+                )
+                .await;
                 gateway.stop().await;
                 measured
             }
@@ -136,17 +133,14 @@ pub async fn run(
                 let ready = running
                     .wait_ready(&model, endpoints.len(), PEER_READY_TIMEOUT)
                     .await;
-                let measured = match ready {
-                    Ok(()) => {
-                        let before = running.cpu_seconds();
-                        let outcomes = drive(running.addr(), requests, options).await;
-                        outcomes.map(|outcomes| LiveRun {
-                            outcomes,
-                            router_cpu_seconds: cpu_between(before, running.cpu_seconds()),
-                        })
-                    }
-                    Err(e) => Err(e),
-                };
+                let measured = measure(
+                    ready,
+                    running.addr(),
+                    || running.cpu_seconds(),
+                    requests,
+                    options,
+                )
+                .await;
                 running.stop().await;
                 measured
             }
@@ -161,17 +155,22 @@ pub async fn run(
 /// Python routers import their package first, slowly on a busy machine.
 const PEER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Send the planned requests to the router at `addr`.
-async fn drive(
+/// Once the router at `addr` is `ready`, send it the planned requests and
+/// take the CPU time it used meanwhile (`cpu` reads its total).
+async fn measure(
+    ready: anyhow::Result<()>,
     addr: std::net::SocketAddr,
+    cpu: impl Fn() -> Option<f64>,
     requests: Vec<Planned>,
     options: &LiveOptions,
-) -> anyhow::Result<Vec<Outcome>> {
+) -> anyhow::Result<LiveRun> {
+    ready?;
+    let before = cpu();
     let url = format!("http://{addr}/v1/chat/completions");
     let load = LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
-    Ok(load.run(requests).await)
-}
-
-fn cpu_between(before: Option<f64>, after: Option<f64>) -> Option<f64> {
-    Some((after? - before?).max(0.0))
+    let outcomes = load.run(requests).await;
+    Ok(LiveRun {
+        outcomes,
+        router_cpu_seconds: before.zip(cpu()).map(|(b, a)| (a - b).max(0.0)),
+    })
 }
