@@ -24,17 +24,7 @@ pub(super) fn check(p: &mut Problems, global: &Global) {
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, member) in global.members.iter().enumerate() {
         let mp = format!("{path}.members[{i}]");
-        if member.name.is_empty() {
-            p.add(format!("{mp}.name"), "must not be empty");
-        } else if let Some(first) = names.insert(&member.name, i) {
-            p.add(
-                format!("{mp}.name"),
-                format!(
-                    "{:?} is already the name of {path}.members[{first}]",
-                    member.name
-                ),
-            );
-        }
+        super::check_name(p, &mut names, "spec.global.members", i, &member.name);
         if let Err(why) = check_member_url(&member.url) {
             p.add(format!("{mp}.url"), why);
         }

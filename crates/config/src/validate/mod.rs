@@ -47,22 +47,11 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     let mut addresses: HashMap<String, String> = HashMap::new();
     let mut listener_names: HashMap<&str, usize> = HashMap::new();
     for (i, l) in spec.listeners.iter().enumerate() {
-        let path = format!("spec.listeners[{i}]");
-        if l.name.is_empty() {
-            p.add(format!("{path}.name"), "must not be empty");
-        } else if let Some(first) = listener_names.insert(&l.name, i) {
-            p.add(
-                format!("{path}.name"),
-                format!(
-                    "{:?} is already the name of spec.listeners[{first}]",
-                    l.name
-                ),
-            );
-        }
+        check_name(&mut p, &mut listener_names, "spec.listeners", i, &l.name);
         check_bind_address(
             &mut p,
             &mut addresses,
-            &format!("{path}.address"),
+            &format!("spec.listeners[{i}].address"),
             &l.address,
         );
     }
@@ -155,14 +144,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     let mut served: HashMap<&str, String> = HashMap::new();
     for (i, pool) in spec.pools.iter().enumerate() {
         let path = format!("spec.pools[{i}]");
-        if pool.name.is_empty() {
-            p.add(format!("{path}.name"), "must not be empty");
-        } else if let Some(first) = pool_names.insert(&pool.name, i) {
-            p.add(
-                format!("{path}.name"),
-                format!("{:?} is already the name of spec.pools[{first}]", pool.name),
-            );
-        }
+        check_name(&mut p, &mut pool_names, "spec.pools", i, &pool.name);
         if pool.models.is_empty() {
             p.add(format!("{path}.models"), "at least one model is required");
         }
@@ -253,6 +235,26 @@ fn check_collector_url(url: &str) -> Result<(), String> {
         return Err(format!("{url:?} has no valid host"));
     }
     Ok(())
+}
+
+/// `list[i].name`: not empty, and not the name of an earlier entry
+/// (`seen` holds those, with their indexes).
+fn check_name<'a>(
+    p: &mut Problems,
+    seen: &mut HashMap<&'a str, usize>,
+    list: &str,
+    i: usize,
+    name: &'a str,
+) {
+    let path = format!("{list}[{i}].name");
+    if name.is_empty() {
+        p.add(path, "must not be empty");
+    } else if let Some(first) = seen.insert(name, i) {
+        p.add(
+            path,
+            format!("{name:?} is already the name of {list}[{first}]"),
+        );
+    }
 }
 
 fn check_bind_address(

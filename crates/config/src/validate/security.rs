@@ -74,14 +74,8 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
                 format!("{path}.name"),
                 "\"other\" is reserved: it is the metrics label of every tenant not listed here",
             );
-        } else if let Some(first) = tenants.insert(&tenant.name, i) {
-            p.add(
-                format!("{path}.name"),
-                format!(
-                    "{:?} is already the name of spec.tenants[{first}]",
-                    tenant.name
-                ),
-            );
+        } else {
+            super::check_name(p, &mut tenants, "spec.tenants", i, &tenant.name);
         }
         if tenant.weight == Some(0) {
             p.add(format!("{path}.weight"), "must be at least 1");

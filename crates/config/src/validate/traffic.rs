@@ -13,17 +13,7 @@ pub(super) fn check(p: &mut Problems, spec: &Spec, served: &HashMap<&str, String
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, rewrite) in spec.rewrites.iter().enumerate() {
         let path = format!("spec.rewrites[{i}]");
-        if rewrite.name.is_empty() {
-            p.add(format!("{path}.name"), "must not be empty");
-        } else if let Some(first) = names.insert(&rewrite.name, i) {
-            p.add(
-                format!("{path}.name"),
-                format!(
-                    "{:?} is already the name of spec.rewrites[{first}]",
-                    rewrite.name
-                ),
-            );
-        }
+        super::check_name(p, &mut names, "spec.rewrites", i, &rewrite.name);
         check_rewrite(p, &path, rewrite, served);
     }
     if let Some(sessions) = &spec.sessions {
