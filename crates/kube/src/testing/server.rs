@@ -94,24 +94,14 @@ pub async fn handle(
         .entry((verb, parts.uri.path().to_owned()))
         .or_default() += 1;
 
-    let label_selector = match Selector::parse(
-        query
-            .get("labelSelector")
-            .map(String::as_str)
-            .unwrap_or_default(),
-    ) {
-        Ok(s) => s,
-        Err(e) => return Ok(refusal(&Refusal::new(400, "BadRequest", e))),
-    };
-    let field_selector = match Selector::parse(
-        query
-            .get("fieldSelector")
-            .map(String::as_str)
-            .unwrap_or_default(),
-    ) {
-        Ok(s) => s,
-        Err(e) => return Ok(refusal(&Refusal::new(400, "BadRequest", e))),
-    };
+    let selector = |name: &str| Selector::parse(query.get(name).map_or("", String::as_str));
+    let (label_selector, field_selector) =
+        match (selector("labelSelector"), selector("fieldSelector")) {
+            (Ok(labels), Ok(fields)) => (labels, fields),
+            (Err(e), _) | (_, Err(e)) => {
+                return Ok(refusal(&Refusal::new(400, "BadRequest", e)));
+            }
+        };
     let filter = Filter {
         resource: route.resource.clone(),
         namespace: route.namespace.clone(),
