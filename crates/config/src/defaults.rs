@@ -93,24 +93,12 @@ pub const OTLP_SAMPLE_RATIO: f64 = 1.0;
 /// spans in memory for long.
 pub const OTLP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often a TLS listener's certificate, key and client CA files are
-/// read again to see whether they changed. Files are compared by content,
-/// so a rewrite in place and a swapped symlink (a Kubernetes Secret
-/// volume, cert-manager) are both seen; reading three small files this
-/// often costs nothing measurable.
-pub const TLS_RELOAD_INTERVAL: Duration = Duration::from_secs(2);
-
 /// `auth.jwt.leeway`: clock skew allowed on `exp` and `nbf`.
 pub const JWT_LEEWAY: Duration = Duration::from_secs(30);
 /// `auth.jwt.issuers[].refreshInterval`.
 pub const JWKS_REFRESH_INTERVAL: Duration = Duration::from_secs(5 * 60);
 /// `auth.jwt.issuers[].tenantClaim`.
 pub const JWT_TENANT_CLAIM: &str = "sub";
-/// How often `auth.apiKeys.file` is read again to pick up changes (a
-/// Kubernetes Secret's update reaches the pod within a minute or so; the
-/// gateway sees it at most this much later). A file that cannot be read
-/// or is invalid is logged and the keys read before stay in force.
-pub const API_KEYS_FILE_POLL: Duration = Duration::from_secs(2);
 /// Shortest time between two fetches of one JWKS for tokens naming a key
 /// it does not hold: a flood of tokens with made-up `kid`s costs the
 /// issuer one fetch per this interval.
@@ -139,9 +127,15 @@ pub const REDIS_TIMEOUT: Duration = Duration::from_millis(5);
 /// `rateLimits.redis.keyPrefix`.
 pub const REDIS_KEY_PREFIX: &str = "infergate:";
 
-/// How often a config file given with `--config` is looked at for changes
-/// (it is also reloaded on SIGHUP).
-pub const CONFIG_WATCH_INTERVAL: Duration = Duration::from_secs(2);
+/// How often every watched file is read again to see whether it changed:
+/// a config file given with `--config` (also reloaded on SIGHUP),
+/// `auth.apiKeys.file`, and TLS listeners' certificate, key and client CA
+/// files. Files are compared by content, so a rewrite in place and a
+/// swapped symlink (a Kubernetes ConfigMap or Secret volume, cert-manager)
+/// are both seen; a Secret's update reaches the pod within a minute or so,
+/// and the gateway sees it at most this much later. Reading a few small
+/// files this often costs nothing measurable.
+pub const FILE_WATCH_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How long the Lease that picks the replica writing an
 /// `InferenceGatewayConfig`'s status stays with a holder that stopped

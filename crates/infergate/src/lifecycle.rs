@@ -84,7 +84,11 @@ impl Overrides {
 /// Resolves when the watched config file changed; never without one.
 pub async fn changed(watch: &mut Option<FileWatch>) {
     match watch {
-        Some(w) => w.changed().await,
+        Some(w) => {
+            // The config is read again by its own loader, which names what
+            // is wrong with it; what the watch read is only the signal.
+            w.changed().await;
+        }
         None => std::future::pending().await,
     }
 }

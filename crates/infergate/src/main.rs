@@ -280,9 +280,7 @@ async fn serve(
         print_demo_banner(&gateway, &config);
     }
     // The file is reloaded when it changes, and on SIGHUP.
-    let mut watch = path
-        .as_ref()
-        .map(|p| FileWatch::new(p, config::defaults::CONFIG_WATCH_INTERVAL));
+    let mut watch = path.as_ref().map(FileWatch::new);
     loop {
         let why = tokio::select! {
             signal = signals.next() => match signal {

@@ -13,8 +13,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 
 use super::cache::{Bounded, Digest};
 use super::refusal::AUTH_TARGET;
+use crate::file_watch::FileWatch;
 
 /// Prefix of generated keys: tells a leaked key for what it is (secret
 /// scanners match on such prefixes) and never occurs in a JWT.
@@ -268,14 +269,14 @@ pub enum KeyRefused {
     Busy,
 }
 
-/// An `apiKeys.file`, read at start and polled for changes. Outlives
+/// An `apiKeys.file`, read at start and watched for changes. Outlives
 /// generations: a reload that names the same file keeps it (and reads it
 /// again at once).
 pub struct KeyFile {
     path: PathBuf,
     table: ArcSwap<KeyTable>,
-    /// The bytes the table was read from: the poll compares, and parses
-    /// only what changed.
+    /// The bytes the table was read from: the watch and a reload's reread
+    /// may both hand over the same bytes, and only what changed is parsed.
     read: Mutex<Vec<u8>>,
 }
 
@@ -283,15 +284,29 @@ impl KeyFile {
     /// Read `path` (it must be readable and valid now) and watch it every
     /// `poll` from a task on the current runtime, until dropped.
     pub fn open(path: &Path, poll: Duration) -> Result<Arc<Self>, String> {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let (watch, read) = FileWatch::start([path]);
+        let bytes = read
+            .into_iter()
+            .next()
+            .expect("one look per file")
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let table = parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         let file = Arc::new(Self {
             path: path.to_owned(),
             table: ArcSwap::from_pointee(table),
             read: Mutex::new(bytes),
         });
-        tokio::spawn(watch(Arc::downgrade(&file), poll));
+        watch.with_interval(poll).spawn(&file, |file, read| {
+            match read.into_iter().next().expect("one look per file") {
+                Ok(bytes) => file.take(bytes),
+                // A Secret's files are swapped through a symlink; a read
+                // that falls between sees the file again at a later look.
+                Err(e) => {
+                    tracing::debug!(target: AUTH_TARGET, path = %file.path.display(), error = %e,
+                    "cannot read the API keys file; keeping its keys")
+                }
+            }
+        });
         Ok(file)
     }
 
@@ -337,26 +352,6 @@ fn parse(bytes: &[u8]) -> Result<KeyTable, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())?;
     let keys = config::api_keys_from_yaml(text).map_err(|e| e.to_string().replace('\n', "; "))?;
     KeyTable::new(&keys)
-}
-
-async fn watch(file: Weak<KeyFile>, poll: Duration) {
-    loop {
-        tokio::time::sleep(poll).await;
-        let Some(path) = file.upgrade().map(|f| f.path.clone()) else {
-            return;
-        };
-        let read = tokio::fs::read(&path).await;
-        let Some(file) = file.upgrade() else {
-            return;
-        };
-        match read {
-            Ok(bytes) => file.take(bytes),
-            // A Secret's files are swapped through a symlink; a read that
-            // falls between is tried again at the next poll.
-            Err(e) => tracing::debug!(target: AUTH_TARGET, path = %path.display(), error = %e,
-                "cannot read the API keys file; keeping its keys"),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use config::defaults::{API_KEYS_FILE_POLL, JWKS_FETCH_TIMEOUT};
+use config::defaults::{FILE_WATCH_INTERVAL, JWKS_FETCH_TIMEOUT};
 
 use super::api_keys::{ApiKeys, Argon2Checks, KeyFile, KeyTable};
 use super::authenticator::Authenticator;
@@ -50,7 +50,7 @@ impl Sources {
                                 file.reread();
                                 Arc::clone(file)
                             }
-                            None => KeyFile::open(&path, API_KEYS_FILE_POLL)
+                            None => KeyFile::open(&path, FILE_WATCH_INTERVAL)
                                 .map_err(anyhow::Error::msg)
                                 .context("spec.auth.apiKeys.file")?,
                         };

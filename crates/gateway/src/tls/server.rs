@@ -16,7 +16,7 @@
 //!   force stay.
 
 use std::io;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -34,6 +34,7 @@ use super::files::{self, FileProblem};
 use super::identity::{self, ClientCertificate};
 use super::provider::provider;
 use super::reload::{self, Contents, Resolver};
+use crate::file_watch::FileWatch;
 use crate::telemetry::ListenerTlsMetrics;
 
 /// ALPN protocols offered to clients, preferred first.
@@ -72,7 +73,8 @@ impl Acceptor {
         metrics: ListenerTlsMetrics,
     ) -> anyhow::Result<Arc<Self>> {
         let paths = paths(spec);
-        let contents = reload::read_blocking(&paths);
+        let (watch, read) = FileWatch::start(&paths);
+        let contents = reload::contents(&paths, read);
         let (key, verifier) = load(spec, &contents).map_err(|problems| {
             anyhow::anyhow!(
                 "listener {listener:?}: TLS: {}",
@@ -88,14 +90,10 @@ impl Acceptor {
             listener: listener.to_owned(),
             metrics,
         });
-        let weak = Arc::downgrade(&acceptor);
         let spec = spec.clone();
-        reload::watch(
-            paths,
-            contents,
-            config::defaults::TLS_RELOAD_INTERVAL,
-            move |new| reload_changed(&weak, &spec, new),
-        );
+        watch.spawn(&acceptor, move |acceptor, read| {
+            reload_changed(acceptor, &spec, &reload::contents(&paths, read));
+        });
         Ok(acceptor)
     }
 
@@ -132,12 +130,8 @@ impl Acceptor {
     }
 }
 
-/// Put changed files in force, or keep the old ones and say why. `false`
-/// once the listener is gone, to end the watch.
-fn reload_changed(weak: &Weak<Acceptor>, spec: &ListenerTls, new: &Contents) -> bool {
-    let Some(acceptor) = weak.upgrade() else {
-        return false;
-    };
+/// Put changed files in force, or keep the old ones and say why.
+fn reload_changed(acceptor: &Acceptor, spec: &ListenerTls, new: &Contents) {
     let listener = acceptor.listener.as_str();
     match load(spec, new) {
         Ok((key, verifier)) => {
@@ -172,7 +166,6 @@ fn reload_changed(weak: &Weak<Acceptor>, spec: &ListenerTls, new: &Contents) -> 
             );
         }
     }
-    true
 }
 
 fn set_expiry(metrics: &ListenerTlsMetrics, key: &CertifiedKey) {
