@@ -586,6 +586,7 @@ fn pick(
         // One band, filling replicas to the pool's bound (live runs put
         // the bench's requests in `standard`, which stops short of it).
         queue_share: None,
+        exact_prefix: None,
     };
     pool.pick(&pick, now, &[], rng)
 }

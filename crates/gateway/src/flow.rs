@@ -117,6 +117,9 @@ pub struct OwnedPick {
     pub session: Option<u64>,
     /// Its band's share of the saturation queue depth.
     pub queue_share: Option<f64>,
+    /// What the replicas' KV-cache events say they hold of the prompt,
+    /// for a pool that follows them.
+    pub exact_prefix: Option<Arc<dyn picker::ExactPrefix>>,
 }
 
 impl OwnedPick {
@@ -129,6 +132,7 @@ impl OwnedPick {
             explain: self.explain,
             session: self.session,
             queue_share: self.queue_share,
+            exact_prefix: self.exact_prefix.as_deref(),
         }
     }
 }

@@ -45,7 +45,9 @@ pub use policy::{
     Fallback, InflightTolerance, PickerConfig, Policy, PrefixConfig, Saturation, Weights,
 };
 pub use pool::{Decision, PickError, PickRequest, Picker};
-pub use prefix::{PrefixIndex, PromptHasher, PromptValue, prompt_hashes};
+pub use prefix::{
+    ExactPrefix, PrefixIndex, PrefixSource, PromptHasher, PromptValue, prompt_hashes,
+};
 pub use retry_after::estimate_retry_after;
 pub use scorers::{Features, LoraFit, Scorer};
 pub use session::{SessionFit, session_key};

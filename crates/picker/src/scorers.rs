@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::observation::EngineState;
 pub use crate::policy::Scorer;
 use crate::policy::{InflightTolerance, Weights};
+use crate::prefix::PrefixSource;
 use crate::session::SessionFit;
 
 /// What the scorers know about one candidate, extracted once per pick.
@@ -31,6 +32,8 @@ pub struct Features {
     pub inflight_tokens: u64,
     /// Leading prompt blocks the replica is believed to have cached.
     pub prefix_blocks: usize,
+    /// Which index said so.
+    pub prefix_source: PrefixSource,
     pub lora: LoraFit,
     /// Seconds per generated token the gateway measured on the replica.
     pub token_time: Option<f64>,

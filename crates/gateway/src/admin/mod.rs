@@ -206,6 +206,7 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
         explain: true,
         session: None,
         queue_share: None,
+        exact_prefix: None,
     };
     match picker.pick(&request, now, &[], &mut rand::thread_rng()) {
         Ok(decision) => Typical {

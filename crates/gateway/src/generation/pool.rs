@@ -135,6 +135,7 @@ impl Runtime {
             explain,
             session: None,
             queue_share: None,
+            exact_prefix: None,
         }
     }
 

@@ -504,6 +504,7 @@ mod tests {
             }),
             scores,
             estimated_tokens: 1,
+            prefix_source: picker::PrefixSource::Approximate,
         };
         let mut pending = Pending {
             feed: Arc::clone(&feed),

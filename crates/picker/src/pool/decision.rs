@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::endpoint::{Endpoint, LoadGuard};
 use crate::explain::{CandidateScore, ScoresHeader, TopScores};
 use crate::policy::Policy;
+use crate::prefix::{ExactPrefix, PrefixSource};
 
 /// What the picker needs to know about a request.
 #[derive(Debug, Clone, Copy, Default)]
@@ -34,6 +35,9 @@ pub struct PickRequest<'a> {
     /// fill (its priority band's); `None`: all of it
     /// ([`Saturation::for_share`](crate::Saturation::for_share)).
     pub queue_share: Option<f64>,
+    /// What the engines' KV-cache events say each replica holds of the
+    /// prompt; `None` where the pool has only the approximate index.
+    pub exact_prefix: Option<&'a dyn ExactPrefix>,
 }
 
 /// The chosen replica, and why.
@@ -52,6 +56,8 @@ pub struct Decision {
     pub scores: Vec<CandidateScore>,
     /// From the request, for [`Decision::acquire`].
     pub estimated_tokens: u64,
+    /// Which index scored the chosen replica's prefix affinity.
+    pub prefix_source: PrefixSource,
 }
 
 impl Decision {

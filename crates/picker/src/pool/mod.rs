@@ -137,6 +137,7 @@ impl Picker {
                     top: None,
                     scores: Vec::new(),
                     estimated_tokens: req.estimated_tokens,
+                    prefix_source: crate::PrefixSource::Approximate,
                 })
                 .ok_or(PickError::NoReplicas)
         };

@@ -15,7 +15,7 @@ use crate::endpoint::Endpoint;
 use crate::explain::{CandidateScore, TopScores};
 use crate::health::Health;
 use crate::policy::{Fallback, PickerConfig, Policy, Weights};
-use crate::prefix::{MatchScratch, PrefixIndex};
+use crate::prefix::{ExactPrefix, MatchScratch, PrefixIndex, PrefixSource};
 use crate::scorers::{Features, LoraFit, ScoreContext, Scorer};
 use crate::session::{self, SessionFit};
 
@@ -32,6 +32,8 @@ struct Scratch {
     indexes: Vec<usize>,
     signals: Vec<Features>,
     matched: Vec<usize>,
+    /// Candidates' exact shares of the prompt, where events say.
+    exact: Vec<Option<f64>>,
     /// `Scorer::COUNT` columns of one score per candidate.
     columns: Vec<f64>,
     matching: MatchScratch,
@@ -52,6 +54,7 @@ impl Scratch {
         self.indexes.clear();
         self.signals.clear();
         self.matched.clear();
+        self.exact.clear();
         self.columns.clear();
     }
 }
@@ -139,6 +142,7 @@ impl ScoredPick<'_> {
             top: Some(choice.top),
             scores,
             estimated_tokens: self.req.estimated_tokens,
+            prefix_source: scratch.signals[choice.winner].prefix_source,
         })
     }
 
@@ -267,6 +271,7 @@ impl ScoredPick<'_> {
             inflight_tokens: endpoint.load.tokens(),
             unanswered: endpoint.load.unanswered(),
             prefix_blocks: 0,
+            prefix_source: PrefixSource::Approximate,
             // Only an adapter request needs the adapter lists.
             lora: match self.req.adapter {
                 None => LoraFit::NotRequested,
@@ -302,6 +307,7 @@ impl ScoredPick<'_> {
                     top: None,
                     scores: Vec::new(),
                     estimated_tokens: self.req.estimated_tokens,
+                    prefix_source: PrefixSource::Approximate,
                 })
                 .ok_or(PickError::NoReplicas),
             Fallback::Refuse => Err(PickError::NoHealthyReplicas {
@@ -324,6 +330,24 @@ impl ScoredPick<'_> {
             );
             for (signals, &matched) in scratch.signals.iter_mut().zip(&scratch.matched) {
                 signals.prefix_blocks = matched;
+            }
+            if let Some(exact) = req.exact_prefix {
+                self.exact_matches(exact, scratch);
+            }
+        }
+    }
+
+    /// The engines' own word, where they have one, in place of the
+    /// approximate index's: their share of the prompt, in the same blocks.
+    fn exact_matches(&self, exact: &dyn ExactPrefix, scratch: &mut Scratch) {
+        let prompt_blocks = self.req.prefix_hashes.len() as f64;
+        scratch.exact.clear();
+        scratch.exact.resize(scratch.signals.len(), None);
+        exact.shares(&scratch.indexes, &mut scratch.exact);
+        for (signals, share) in scratch.signals.iter_mut().zip(&scratch.exact) {
+            if let Some(share) = share {
+                signals.prefix_blocks = (share.clamp(0.0, 1.0) * prompt_blocks).round() as usize;
+                signals.prefix_source = PrefixSource::Events;
             }
         }
     }

@@ -281,6 +281,65 @@ fn cached_and_busy_replica_keeps_the_prompt_until_saturated() {
     assert!(decision.scores.iter().all(|s| s.endpoint.index != 0));
 }
 
+/// The engines' own word, as a test gives it: a share per endpoint index,
+/// `None` where the events cannot say.
+#[derive(Debug)]
+struct Engines(HashMap<usize, Option<f64>>);
+
+impl crate::ExactPrefix for Engines {
+    fn shares(&self, endpoints: &[usize], out: &mut [Option<f64>]) {
+        for (share, index) in out.iter_mut().zip(endpoints) {
+            *share = self.0.get(index).copied().flatten();
+        }
+    }
+}
+
+/// Where the events speak, they overrule the guess: the replica the
+/// gateway sent the prompt to has evicted it, another holds it (sent by
+/// another gateway); a replica the events cannot speak for keeps the
+/// approximate index's answer, and the decision says which source scored.
+#[test]
+fn exact_prefix_from_events_overrules_the_guess_replica_by_replica() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(); 3], now);
+    let body = chat(&"Shared tool instructions. ".repeat(40), "Go.");
+    let hashes = pool.hash_prompt("m", None, &body);
+    assert!(hashes.len() > 10);
+    // The guess: replica 0 holds it all.
+    pool.record(0, &hashes);
+    let engines = Engines(HashMap::from([(0, Some(0.0)), (1, Some(1.0)), (2, None)]));
+    let req = PickRequest {
+        prefix_hashes: &hashes,
+        explain: true,
+        exact_prefix: Some(&engines),
+        ..PickRequest::default()
+    };
+    let decision = pool.pick(&req, now, &[], &mut rng()).unwrap();
+    assert_eq!(decision.index(), 1, "{}", decision.scores_header(4));
+    assert_eq!(decision.prefix_source, crate::PrefixSource::Events);
+    let prefix = |index| {
+        decision
+            .scores
+            .iter()
+            .find(|s| s.endpoint.index == index)
+            .unwrap()
+            .part(Scorer::Prefix)
+    };
+    assert_eq!(prefix(0), 0.0, "evicted, though the gateway sent it there");
+    assert_eq!(prefix(1), 1.0);
+    assert_eq!(prefix(2), 0.0, "unsure: the guess, which has nothing there");
+
+    // Replica 0's events go unsure: the guess answers for it again.
+    let engines = Engines(HashMap::from([(0, None), (1, Some(0.5)), (2, None)]));
+    let req = PickRequest {
+        exact_prefix: Some(&engines),
+        ..req
+    };
+    let decision = pool.pick(&req, now, &[], &mut rng()).unwrap();
+    assert_eq!(decision.index(), 0, "{}", decision.scores_header(4));
+    assert_eq!(decision.prefix_source, crate::PrefixSource::Approximate);
+}
+
 #[test]
 fn shared_system_prompt_sticks_to_one_replica_while_healthy() {
     let now = Instant::now();

@@ -6,9 +6,11 @@
 //! the [`PrefixIndex`] remembers which blocks were recently sent to which
 //! replica, bounded like the replica's own KV cache.
 
+mod exact;
 mod hash;
 mod index;
 mod lru;
 
+pub use exact::{ExactPrefix, PrefixSource};
 pub use hash::{PromptHasher, PromptValue, chain_seed, prompt_hashes};
 pub use index::{MatchScratch, PrefixIndex};
