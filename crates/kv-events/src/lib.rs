@@ -18,10 +18,13 @@
 //!   restarts.
 //! - [`publisher`]: the publishing side (PUB plus replay ROUTER), for the
 //!   simulator and tests.
+//! - [`tokenizer`]: the simulator's tokenizer, whose token ids a simulated
+//!   replica's events carry.
 //!
 //! ZeroMQ comes from the pure-Rust `zeromq` crate: no libzmq to install.
 pub mod index;
 pub mod keys;
 pub mod publisher;
 pub mod subscriber;
+pub mod tokenizer;
 pub mod wire;

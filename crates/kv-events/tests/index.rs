@@ -245,6 +245,22 @@ fn one_walk_answers_for_every_replica_and_rank() {
 }
 
 #[test]
+fn a_child_of_a_block_removed_a_moment_ago_is_still_keyed() {
+    let pool = PoolIndex::new();
+    let p = pool.attach(id(1));
+    let t = tokens(0, 2);
+    apply(&p, 0, vec![stored(store(&[1], None, &t[..4]))]);
+    apply(&p, 1, vec![removed(&[1], MEDIUM_GPU)]);
+    apply(&p, 2, vec![stored(store(&[2], Some(1), &t[4..]))]);
+    assert_eq!(p.status().unwrap().orphaned_blocks, 0);
+    assert_eq!(pool.block_ids(id(1), Tier::Gpu), [2]);
+    // The prefix needs its first block, which is gone.
+    assert_eq!(p.matched_blocks(&t, None, BS), gpu(0));
+    apply(&p, 3, vec![stored(store(&[1], None, &t[..4]))]);
+    assert_eq!(p.matched_blocks(&t, None, BS), gpu(2));
+}
+
+#[test]
 fn a_store_without_its_parent_is_orphaned() {
     let pool = PoolIndex::new();
     let p = pool.attach(id(1));

@@ -166,6 +166,8 @@ fn config(engine: &Engine) -> SubscriberConfig {
         connect_timeout: Duration::from_millis(500),
         backoff_initial: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
+        // Each test says when batches are lost; no polling behind its back.
+        idle_replay: None,
         ..SubscriberConfig::new(engine.endpoint.clone())
     }
 }
@@ -235,6 +237,31 @@ async fn a_lost_batch_is_replayed() {
     assert!(status.replayed_batches >= 2, "{status:#?}");
     assert!(status.connected);
     assert_eq!(pool.matched_blocks(1, &prompt(10, 5), None, BS).gpu, 5);
+}
+
+#[tokio::test]
+async fn a_lost_last_batch_is_found_when_the_stream_goes_quiet() {
+    let mut engine = Engine::start("tcp://127.0.0.1:0", Some("tcp://127.0.0.1:0")).await;
+    let pool = PoolIndex::new();
+    let sub = subscribe(
+        &pool,
+        1,
+        SubscriberConfig {
+            idle_replay: Some(Duration::from_millis(50)),
+            ..config(&engine)
+        },
+    )
+    .unwrap();
+    engine.subscribed().await;
+    wait(&sub, "synced", |s| s[0].source == Source::Events).await;
+    engine.publish(vec![store(10, 1, None)]).await;
+    // No batch follows the lost one to reveal the gap.
+    let lost = engine.lose(vec![store(11, 1, Some(10))]);
+    wait(&sub, "the lost batch", at(lost)).await;
+    let status = &sub.statuses()[0];
+    assert_eq!(status.source, Source::Events);
+    assert_eq!(status.gaps, 1);
+    assert_eq!(status.gpu_blocks, 2);
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use crate::engine::SchedulingPolicy;
 use crate::faults::{Faults, MetricsFault};
 use crate::fleet::{Fleet, FleetSpec, start_fleet};
+use crate::kv_cache_events::KvEventsSpec;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
 use crate::metrics::{self, Dialect};
@@ -72,6 +73,16 @@ pub struct SimArgs {
     /// Fault: every engine step takes this many times longer.
     #[arg(long, default_value_t = 1.0)]
     pub slowdown: f64,
+    /// Publish KV-cache events (vLLM's --kv-events-config wire format) on
+    /// this port, replica i on port + i.
+    #[arg(long)]
+    pub kv_events_port: Option<u16>,
+    /// Answer KV-event replays on this port, replica i on port + i.
+    #[arg(long, requires = "kv_events_port")]
+    pub kv_events_replay_port: Option<u16>,
+    /// Topic of the KV events (vLLM's default is empty).
+    #[arg(long, default_value = "", requires = "kv_events_port")]
+    pub kv_events_topic: String,
 }
 
 /// `--dialect`: the dialects the simulator renders, each with the metric
@@ -133,6 +144,12 @@ impl SimArgs {
                 metrics: self.metrics_fault,
                 slowdown: self.slowdown,
             },
+            kv_events: self.kv_events_port.map(|port| KvEventsSpec {
+                port,
+                replay_port: self.kv_events_replay_port,
+                topic: self.kv_events_topic.clone(),
+                ..KvEventsSpec::default()
+            }),
         }
     }
 }
@@ -179,6 +196,10 @@ pub fn describe(fleet: &Fleet, spec: &FleetSpec) -> String {
             info.max_num_seqs,
             info.max_model_len,
         );
+        if let Some(endpoint) = &info.kv_events_endpoint {
+            let replay = info.kv_events_replay_endpoint.as_deref().unwrap_or("none");
+            let _ = writeln!(out, "    KV events {endpoint}  replay {replay}");
+        }
     }
     if !spec.adapters.is_empty() {
         let _ = writeln!(

@@ -2,10 +2,11 @@
 //! consecutive ports ([`start_fleet`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use kv_events::publisher::Publisher;
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -13,6 +14,7 @@ use tokio::sync::watch;
 use crate::engine::{Engine, EngineConfig, SchedulingPolicy};
 use crate::faults::{FaultState, Faults};
 use crate::http::{self, AppState, StopMode, StopSignal};
+use crate::kv_cache_events::{self, KvEventSink, KvEventsSpec};
 use crate::metrics::{self, Dialect, Exporter, ReplicaIdentity};
 use crate::replica::EngineClient;
 
@@ -51,6 +53,12 @@ pub struct ReplicaSpec {
     pub seed: u64,
     /// Faults in force from the start.
     pub faults: Faults,
+    /// vLLM's `--num-gpu-blocks-override`: this many KV blocks instead of
+    /// what the memory plan leaves (small caches evict sooner, for tests).
+    pub num_gpu_blocks_override: Option<u64>,
+    /// Publish KV-cache events as vLLM's `--kv-events-config` does; off
+    /// when `None`.
+    pub kv_events: Option<KvEventsSpec>,
 }
 
 impl Default for ReplicaSpec {
@@ -68,6 +76,8 @@ impl Default for ReplicaSpec {
             time_scale: 1.0,
             seed: 0,
             faults: Faults::default(),
+            num_gpu_blocks_override: None,
+            kv_events: None,
         }
     }
 }
@@ -98,6 +108,10 @@ impl ReplicaSpec {
         }
         config.slowdown = self.faults.slowdown;
         config.scheduling_policy = self.scheduling_policy;
+        if let Some(blocks) = self.num_gpu_blocks_override {
+            config.num_gpu_blocks_override = Some(blocks);
+            config.max_model_len = config.max_model_len.min(config.kv_capacity_tokens());
+        }
         config.validate().with_context(describe)?;
         if !self.adapters.is_empty() && config.max_loras == 0 {
             bail!(
@@ -113,6 +127,9 @@ impl ReplicaSpec {
             );
         }
         self.faults.validate().map_err(anyhow::Error::msg)?;
+        if let Some(kv_events) = &self.kv_events {
+            kv_events.validate(1)?;
+        }
         if !metrics::renders(self.dialect) {
             bail!(
                 "the simulator does not render the {} metrics dialect (use vllm, sglang, tgi or llamacpp)",
@@ -141,6 +158,10 @@ pub struct ReplicaInfo {
     pub max_loras: u32,
     pub dialect: Dialect,
     pub time_scale: f64,
+    /// Where KV events are published (`tcp://host:port`), when enabled.
+    pub kv_events_endpoint: Option<String>,
+    /// Where their replays are answered, when enabled.
+    pub kv_events_replay_endpoint: Option<String>,
 }
 
 /// A running replica. Dropping the handle stops the replica abruptly; use
@@ -149,6 +170,10 @@ pub struct ReplicaHandle {
     info: ReplicaInfo,
     stop: Arc<StopSignal>,
     stopped: watch::Receiver<bool>,
+    engine: EngineClient,
+    /// The replica's actor owns the publisher: it closes when the replica
+    /// stops.
+    kv_events: Option<Weak<Publisher>>,
 }
 
 impl ReplicaHandle {
@@ -185,6 +210,21 @@ impl ReplicaHandle {
     pub fn is_stopped(&self) -> bool {
         *self.stopped.borrow()
     }
+
+    /// The chained hashes of the blocks in the engine's prefix cache, as of
+    /// now; every KV event up to this state is queued for publishing when
+    /// it returns. Empty once the replica has stopped.
+    pub async fn cached_blocks(&self) -> Vec<u64> {
+        self.engine.cached_blocks().await.unwrap_or_default()
+    }
+
+    /// Waits until every KV-event batch queued so far is published; the
+    /// last batch's sequence number (`None` before the first, or without
+    /// KV events).
+    pub async fn kv_events_published(&self) -> Option<u64> {
+        let publisher = self.kv_events.as_ref()?.upgrade()?;
+        publisher.flush().await
+    }
 }
 
 impl Drop for ReplicaHandle {
@@ -213,7 +253,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         .served_model_name
         .clone()
         .unwrap_or_else(|| config.model.hf_id.to_owned());
-    let info = ReplicaInfo {
+    let mut info = ReplicaInfo {
         addr,
         hardware: config.hardware.name.to_owned(),
         model: config.model.name.to_owned(),
@@ -226,7 +266,26 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         max_loras: config.max_loras,
         dialect: spec.dialect,
         time_scale: spec.time_scale,
+        kv_events_endpoint: None,
+        kv_events_replay_endpoint: None,
     };
+    let kv_events = match &spec.kv_events {
+        Some(kv_spec) => {
+            let publisher = kv_cache_events::bind(kv_spec, addr.ip(), spec.seed).await?;
+            info.kv_events_endpoint = Some(publisher.endpoint().to_owned());
+            info.kv_events_replay_endpoint = publisher.replay_endpoint().map(str::to_owned);
+            Some(KvEventSink {
+                publisher,
+                block_size: config.block_size,
+                bytes_hashes: kv_spec.bytes_hashes,
+                scratch: Vec::new(),
+            })
+        }
+        None => None,
+    };
+    let kv_publisher = kv_events
+        .as_ref()
+        .map(|sink| Arc::downgrade(&sink.publisher));
     let identity = ReplicaIdentity {
         model_name: served_model.clone(),
         max_model_len: config.max_model_len,
@@ -242,7 +301,9 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         Engine::new(config),
         spec.time_scale,
         metrics::latency_buckets(spec.dialect),
+        kv_events,
     );
+    let handle_engine = engine.clone();
 
     let stop = Arc::new(StopSignal::new());
     let state = Arc::new(AppState {
@@ -279,6 +340,8 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         info,
         stop,
         stopped,
+        engine: handle_engine,
+        kv_events: kv_publisher,
     })
 }
 
@@ -306,6 +369,9 @@ pub struct FleetSpec {
     /// Replica `i` listens on `base_port + i`; `None` lets the OS pick.
     pub base_port: Option<u16>,
     pub faults: Faults,
+    /// KV events from every replica; fixed ports move up by the replica's
+    /// index ([`KvEventsSpec::for_replica`]).
+    pub kv_events: Option<KvEventsSpec>,
 }
 
 impl Default for FleetSpec {
@@ -326,6 +392,7 @@ impl Default for FleetSpec {
             host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             base_port: None,
             faults: Faults::default(),
+            kv_events: None,
         }
     }
 }
@@ -349,6 +416,8 @@ impl FleetSpec {
             time_scale: self.time_scale,
             seed: self.seed,
             faults: self.faults.clone(),
+            num_gpu_blocks_override: None,
+            kv_events: self.kv_events.as_ref().map(|k| k.for_replica(index)),
         }
     }
 
@@ -362,6 +431,9 @@ impl FleetSpec {
         }
         if self.hardware.is_empty() {
             bail!("a fleet needs at least one hardware profile");
+        }
+        if let Some(kv_events) = &self.kv_events {
+            kv_events.validate(self.replicas)?;
         }
         let mut served_model = None;
         for index in 0..self.replicas.min(self.hardware.len()) {

@@ -13,19 +13,26 @@
 //! - [`tokenizer`]: the deterministic approximate tokenizer prompts go through.
 //! - [`metrics`]: the `/metrics` renderers, one per engine dialect.
 //! - [`faults`]: what can go wrong, and the admin API's request shapes.
+//! - [`kv_cache_events`]: the engine's prefix-cache changes published as
+//!   vLLM's KV events (off unless a replica's spec turns them on).
 
 pub mod cli;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
 mod http;
+pub mod kv_cache_events;
 pub mod metrics;
 mod replica;
-pub mod tokenizer;
+
+/// The deterministic approximate tokenizer prompts go through (shared with
+/// the KV-events crate, whose index needs the same token ids).
+pub use kv_events::tokenizer;
 
 pub use engine::SchedulingPolicy;
 pub use faults::{Faults, FaultsUpdate, MetricsFault};
 pub use fleet::{
     Fleet, FleetSpec, ReplicaHandle, ReplicaInfo, ReplicaSpec, start_fleet, start_replica,
 };
+pub use kv_cache_events::KvEventsSpec;
 pub use metrics::Dialect;

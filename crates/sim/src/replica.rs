@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::engine::{Engine, EngineEvent, EngineStats, FinishReason, SimRequest};
+use crate::kv_cache_events::KvEventSink;
 use crate::metrics::{FinishKind, FinishedTokens, LatencyBuckets, RequestTotals, RequestTracker};
 
 /// What a waiting request hears from the engine.
@@ -79,6 +80,9 @@ enum Command {
     Snapshot {
         reply: oneshot::Sender<EngineSnapshot>,
     },
+    CachedBlocks {
+        reply: oneshot::Sender<Vec<u64>>,
+    },
 }
 
 /// A cloneable handle to a running engine actor.
@@ -89,12 +93,15 @@ pub struct EngineClient {
 }
 
 impl EngineClient {
-    /// Starts the actor on the current runtime.
-    pub fn spawn(
-        engine: Engine,
+    /// Starts the actor on the current runtime. With `kv_events`, each
+    /// engine step's prefix-cache changes are published as one batch.
+    pub(crate) fn spawn(
+        mut engine: Engine,
         time_scale: f64,
         latency_buckets: LatencyBuckets,
+        kv_events: Option<KvEventSink>,
     ) -> (EngineClient, tokio::task::JoinHandle<()>) {
+        engine.set_kv_events(kv_events.is_some());
         let (commands, inbox) = mpsc::unbounded_channel();
         let max_model_len = engine.config().max_model_len;
         let actor = EngineActor {
@@ -104,6 +111,7 @@ impl EngineClient {
             requests: HashMap::new(),
             tracker: RequestTracker::new(latency_buckets, max_model_len),
             events: Vec::new(),
+            kv_events,
         };
         let task = tokio::spawn(actor.run(inbox));
         let client = EngineClient {
@@ -149,6 +157,14 @@ impl EngineClient {
 
     pub fn set_slowdown(&self, factor: f64) -> Result<(), EngineGone> {
         self.send(Command::SetSlowdown { factor })
+    }
+
+    /// The chained hashes of the blocks in the engine's prefix cache, as of
+    /// now (what its KV events describe).
+    pub async fn cached_blocks(&self) -> Result<Vec<u64>, EngineGone> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::CachedBlocks { reply })?;
+        answer.await.map_err(|_| EngineGone)
     }
 
     /// Engine statistics and request totals as of now.
@@ -271,6 +287,7 @@ struct EngineActor {
     tracker: RequestTracker,
     /// Reused buffer for `Engine::advance`.
     events: Vec<EngineEvent>,
+    kv_events: Option<KvEventSink>,
 }
 
 impl EngineActor {
@@ -297,6 +314,16 @@ impl EngineActor {
                     self.advance_to(self.clock.engine_now().max(due));
                 }
             }
+            self.publish_kv_events();
+        }
+    }
+
+    /// Whatever entered or left the prefix cache since the last call, as one
+    /// batch (vLLM publishes once per engine step).
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = &mut self.kv_events {
+            self.engine.drain_kv_events(&mut sink.scratch);
+            sink.publish();
         }
     }
 
@@ -347,6 +374,12 @@ impl EngineActor {
                     requests: self.tracker.totals().clone(),
                 };
                 let _ = reply.send(snapshot);
+            }
+            Command::CachedBlocks { reply } => {
+                // Every change up to this state is published before the
+                // caller hears of it.
+                self.publish_kv_events();
+                let _ = reply.send(self.engine.cached_block_hashes());
             }
         }
     }

@@ -24,9 +24,11 @@
 //!
 //! # What it can not know
 //!
-//! - A store whose parent block the index does not hold (it left first, or
-//!   came before the subscriber joined) cannot be keyed and is counted as
-//!   orphaned.
+//! - A store whose parent block the index never saw (it came before the
+//!   subscriber joined) cannot be keyed and is counted as orphaned. (A
+//!   parent removed a moment ago is fine: the keys of the last removed
+//!   blocks are remembered, since engines store children of a duplicate
+//!   block whose first copy was evicted.)
 //! - Only the first KV-cache group is indexed (hybrid models publish one
 //!   group per attention kind; a prefix hit needs full attention's).
 //! - Blocks whose engine hash covers more than tokens (images, a cache

@@ -2,6 +2,8 @@
 //! keys, and what its stream has been like. Applying events changes this
 //! state and the pool's shared map together, under the pool's lock.
 
+use std::collections::VecDeque;
+
 use super::holders::{Holders, MixMap};
 use super::{PublisherId, PublisherStatus, Source, Tier};
 use crate::keys::{self, BlockKey, KeyHasher};
@@ -15,6 +17,9 @@ struct Held {
     tiers: u8,
 }
 
+/// Removed blocks whose keys are remembered (per publisher).
+const REMEMBERED_REMOVALS: usize = 4096;
+
 pub(crate) struct PublisherState {
     pub id: PublisherId,
     /// Which attachment owns the slot (a publisher attached again gets a new
@@ -22,6 +27,14 @@ pub(crate) struct PublisherState {
     pub attachment: u64,
     /// Engine hash (`BlockHash::id`) → our key.
     blocks: MixMap<u64, Held>,
+    /// The keys of the last blocks removed, by engine hash, oldest first in
+    /// `removal_order`. An engine can store a child after its parent's
+    /// hash was removed: a duplicate of the parent, computed by another
+    /// request while the first copy was cached, is not reported again when
+    /// the first copy is evicted (vLLM reports the hash as removed; the
+    /// simulator keeps the duplicate private). The child is still keyed.
+    removed: MixMap<u64, BlockKey>,
+    removal_order: VecDeque<u64>,
     tier_blocks: [usize; 2],
     pub status: PublisherStatus,
 }
@@ -32,6 +45,8 @@ impl PublisherState {
             id,
             attachment,
             blocks: MixMap::default(),
+            removed: MixMap::default(),
+            removal_order: VecDeque::new(),
             tier_blocks: [0; 2],
             status: PublisherStatus::new(id),
         }
@@ -85,6 +100,8 @@ impl PublisherState {
             }
         }
         self.tier_blocks = [0; 2];
+        self.removed.clear();
+        self.removal_order.clear();
     }
 
     fn store(&mut self, slot: u32, holders: &mut Holders, hasher: &mut KeyHasher, e: &BlockStored) {
@@ -99,10 +116,10 @@ impl PublisherState {
         }
         let mut parent = match &e.parent_block_hash {
             None => root_of(e),
-            Some(hash) => match self.blocks.get(&hash.id()) {
-                Some(held) => held.key,
-                // Its parent left before it was stored (or was never seen):
-                // without the prefix's key the blocks cannot be keyed.
+            Some(hash) => match self.key_of(hash.id()) {
+                Some(key) => key,
+                // Its parent was never seen (or left long ago): without the
+                // prefix's key the blocks cannot be keyed.
                 None => {
                     self.status.orphaned_blocks += e.block_hashes.len() as u64;
                     return;
@@ -171,8 +188,29 @@ impl PublisherState {
             holders.remove(held.key, slot, tier);
             self.tier_blocks[tier as usize] -= 1;
             if held.tiers == 0 {
+                let key = held.key;
                 self.blocks.remove(&id);
+                self.remember_removal(id, key);
             }
+        }
+    }
+
+    /// Our key for an engine hash: held, or removed recently.
+    fn key_of(&self, id: u64) -> Option<BlockKey> {
+        match self.blocks.get(&id) {
+            Some(held) => Some(held.key),
+            None => self.removed.get(&id).copied(),
+        }
+    }
+
+    fn remember_removal(&mut self, id: u64, key: BlockKey) {
+        if self.removed.insert(id, key).is_none() {
+            self.removal_order.push_back(id);
+        }
+        if self.removal_order.len() > REMEMBERED_REMOVALS
+            && let Some(oldest) = self.removal_order.pop_front()
+        {
+            self.removed.remove(&oldest);
         }
     }
 }

@@ -23,6 +23,7 @@ pub(super) struct Feed {
     connect_timeout: Duration,
     backoff_initial: Duration,
     backoff_max: Duration,
+    idle_replay: Option<Duration>,
     index: PublisherIndex,
     tracker: Tracker,
     /// Bumped after anything that may change the status.
@@ -42,6 +43,7 @@ impl Feed {
     ) -> Self {
         Feed {
             endpoint,
+            idle_replay: config.idle_replay.filter(|_| replay_endpoint.is_some()),
             replay_endpoint,
             topic: config.topic.clone(),
             connect_timeout: config.connect_timeout,
@@ -106,6 +108,7 @@ impl Feed {
                     Some(SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => continue,
                 },
+                () = idle(self.idle_replay) => self.check_tail().await,
             }
             self.bump();
         }
@@ -173,6 +176,27 @@ impl Feed {
             self.index.set_source(Source::Events);
         } else {
             self.lost(0);
+        }
+    }
+
+    /// Nothing heard for a while: ask the replay socket for batches after
+    /// the last one applied, in case the last ones sent were lost.
+    async fn check_tail(&mut self) {
+        let Some(next) = self.tracker.next() else {
+            return self.catch_up().await;
+        };
+        let Some(batches) = self.fetch(next).await else {
+            return;
+        };
+        match batches.first() {
+            None => {}
+            Some(&(seq, _)) => {
+                self.index.note_gap();
+                self.apply_replayed(batches);
+                if seq != next {
+                    self.lost(next);
+                }
+            }
         }
     }
 
@@ -314,6 +338,14 @@ impl Feed {
 
     fn bump(&self) {
         self.changed.send_replace(());
+    }
+}
+
+/// Resolves after `after` (never for `None`).
+async fn idle(after: Option<Duration>) {
+    match after {
+        Some(after) => tokio::time::sleep(after).await,
+        None => std::future::pending().await,
     }
 }
 

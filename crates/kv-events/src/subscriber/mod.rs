@@ -47,6 +47,11 @@ pub struct SubscriberConfig {
     /// Waits between reconnects, doubling from the first to the last.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// After this long without a batch, ask the replay socket whether any
+    /// were missed: a lost batch shows as a gap only when the next one
+    /// arrives, and an idle engine may send none for a long time. `None`
+    /// asks only on gaps.
+    pub idle_replay: Option<Duration>,
 }
 
 impl SubscriberConfig {
@@ -59,6 +64,7 @@ impl SubscriberConfig {
             connect_timeout: Duration::from_secs(2),
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            idle_replay: Some(Duration::from_secs(5)),
         }
     }
 }

@@ -82,6 +82,24 @@ impl EngineEvent {
     }
 }
 
+/// A change to the prefix cache, as vLLM's KV events report it (see
+/// [`Engine::set_kv_events`](super::Engine::set_kv_events)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvCacheEvent {
+    /// Consecutive full blocks of one request became findable: their
+    /// chained hashes, the hash of the block before the first (`None` at the
+    /// start of a prompt), their tokens (`block_size` per block), and the
+    /// adapter they were computed with.
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        adapter: Option<String>,
+    },
+    /// Cached blocks were evicted: their memory went to new blocks.
+    Removed { hashes: Vec<u64> },
+}
+
 /// A snapshot of the engine's state and counters, in the units of vLLM's
 /// `/metrics`.
 #[derive(Clone, Debug, Default)]

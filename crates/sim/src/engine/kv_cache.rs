@@ -12,11 +12,16 @@
 //!
 //! Per-block state is created lazily, the first time a block is handed out,
 //! so thousands of lightly loaded replicas stay small in memory.
+//!
+//! When asked, the cache logs what becomes findable and what is evicted, in
+//! order ([`KvCacheEvent`]), for the simulator's KV-event publisher.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::interface::KvCacheEvent;
 
 /// Marks a block without a cached hash; real hashes are never 0.
 const NO_HASH: u64 = 0;
@@ -104,6 +109,8 @@ pub(crate) struct KvCache {
     tail: u32,
     queued: u32,
     cached: BlockMap,
+    /// Changes since the last drain, when logging is on.
+    log: Option<Vec<KvCacheEvent>>,
 }
 
 impl KvCache {
@@ -117,7 +124,39 @@ impl KvCache {
             tail: NIL,
             queued: 0,
             cached: BlockMap::default(),
+            log: None,
         }
+    }
+
+    /// Log stores and evictions from now on (or stop, dropping the log).
+    pub(crate) fn set_logging(&mut self, on: bool) {
+        self.log = on.then(Vec::new);
+    }
+
+    pub(crate) fn logging(&self) -> bool {
+        self.log.is_some()
+    }
+
+    /// Move the changes logged so far to `out`, oldest first.
+    pub(crate) fn drain_log(&mut self, out: &mut Vec<KvCacheEvent>) {
+        if let Some(log) = &mut self.log {
+            out.append(log);
+        }
+    }
+
+    /// Log blocks that [`KvCache::register`] made findable (the cache does
+    /// not know their tokens; the caller does).
+    pub(crate) fn log_stored(&mut self, event: KvCacheEvent) {
+        if let Some(log) = &mut self.log {
+            log.push(event);
+        }
+    }
+
+    /// The hashes of every findable block, sorted.
+    pub(crate) fn cached_hashes(&self) -> Vec<u64> {
+        let mut hashes: Vec<u64> = self.cached.keys().copied().collect();
+        hashes.sort_unstable();
+        hashes
     }
 
     pub(crate) fn num_blocks(&self) -> u32 {
@@ -204,16 +243,19 @@ impl KvCache {
         true
     }
 
-    /// Make a full block findable by its chained hash. A block whose content
-    /// is already cached under another block stays private.
-    pub(crate) fn register(&mut self, block: u32, hash: u64) {
+    /// Make a full block findable by its chained hash; whether it became
+    /// findable. A block whose content is already cached under another
+    /// block stays private.
+    pub(crate) fn register(&mut self, block: u32, hash: u64) -> bool {
         if !self.caching || self.blocks[block as usize].hash != NO_HASH {
-            return;
+            return false;
         }
         if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(hash) {
             slot.insert(block);
             self.blocks[block as usize].hash = hash;
+            return true;
         }
+        false
     }
 
     /// Release a request's blocks, tail first, and empty its table.
@@ -257,6 +299,14 @@ impl KvCache {
         state.ref_cnt = 1;
         if old != NO_HASH && self.cached.get(&old) == Some(&block) {
             self.cached.remove(&old);
+            if let Some(log) = &mut self.log {
+                // Evictions in a row make one event (vLLM sends one per
+                // block; consumers read both alike).
+                match log.last_mut() {
+                    Some(KvCacheEvent::Removed { hashes }) => hashes.push(old),
+                    _ => log.push(KvCacheEvent::Removed { hashes: vec![old] }),
+                }
+            }
         }
         block
     }

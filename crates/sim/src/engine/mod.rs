@@ -40,7 +40,9 @@ pub use config::{
     DEFAULT_STEP_OVERHEAD_SECONDS, EngineConfig, MAX_TENSOR_PARALLEL, MemoryPlan, ProfileError,
     SchedulingPolicy,
 };
-pub use interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
+pub use interface::{
+    EngineCounters, EngineEvent, EngineStats, FinishReason, KvCacheEvent, SimRequest,
+};
 pub use profiles::{
     HardwareProfile, Interconnect, ModelProfile, hardware, hardware_names, model, model_names,
 };

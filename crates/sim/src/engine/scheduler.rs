@@ -30,7 +30,9 @@
 use std::collections::HashMap;
 
 use super::config::{EngineConfig, SchedulingPolicy};
-use super::interface::{EngineCounters, EngineEvent, EngineStats, FinishReason, SimRequest};
+use super::interface::{
+    EngineCounters, EngineEvent, EngineStats, FinishReason, KvCacheEvent, SimRequest,
+};
 use super::kv_cache::{BlockHasher, KvCache};
 use super::lora::LoraManager;
 use super::request::{Phase, RequestTable};
@@ -160,6 +162,25 @@ impl Engine {
     /// benchmark's choice, since per-token events dominate its cost.
     pub fn set_token_events(&mut self, enabled: bool) {
         self.token_events = enabled;
+    }
+
+    /// Record what enters and leaves the prefix cache, for
+    /// [`Engine::drain_kv_events`] (off by default: it costs a copy of every
+    /// cached block's tokens). Turning it off drops what was recorded.
+    pub fn set_kv_events(&mut self, enabled: bool) {
+        self.kv.set_logging(enabled);
+    }
+
+    /// Move the prefix-cache changes recorded since the last call to `out`,
+    /// in the order they happened.
+    pub fn drain_kv_events(&mut self, out: &mut Vec<KvCacheEvent>) {
+        self.kv.drain_log(out);
+    }
+
+    /// The chained hashes of every block in the prefix cache, sorted: what
+    /// the KV events describe.
+    pub fn cached_block_hashes(&self) -> Vec<u64> {
+        self.kv.cached_hashes()
     }
 
     /// Accept a request arriving at `now`. Problems (too long, unknown
@@ -671,11 +692,40 @@ impl Engine {
         let r = self.requests.get_mut(slot);
         r.hash_blocks(&mut self.hasher, block_size, tokens);
         let full = tokens / block_size;
-        for k in r.registered_blocks..full {
-            self.kv
+        let first = r.registered_blocks;
+        let mut newly_cached = Vec::new();
+        for k in first..full {
+            let cached = self
+                .kv
                 .register(r.blocks[k as usize], r.block_hashes[k as usize]);
+            if cached && self.kv.logging() {
+                newly_cached.push(k);
+            }
         }
         r.registered_blocks = r.registered_blocks.max(full);
+        if !newly_cached.is_empty() {
+            self.log_stored(slot, &newly_cached);
+        }
+    }
+
+    /// Record the request's blocks `blocks` (ascending) as stored: one event
+    /// per run of consecutive blocks, as vLLM sends them.
+    fn log_stored(&mut self, slot: u32, blocks: &[u32]) {
+        let block_size = self.cfg.block_size;
+        let r = self.requests.get(slot);
+        let adapter = r.adapter.map(|a| self.lora.name(a).to_owned());
+        for run in blocks.chunk_by(|a, b| a + 1 == *b) {
+            let first = run[0];
+            let tokens = (first * block_size..(first + run.len() as u32) * block_size)
+                .map(|p| r.token_at(p))
+                .collect();
+            self.kv.log_stored(KvCacheEvent::Stored {
+                hashes: run.iter().map(|&k| r.block_hashes[k as usize]).collect(),
+                parent: first.checked_sub(1).map(|k| r.block_hashes[k as usize]),
+                tokens,
+                adapter: adapter.clone(),
+            });
+        }
     }
 
     /// The step in flight ends at `end`: store prefill chunks, sample tokens,

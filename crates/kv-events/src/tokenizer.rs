@@ -1,9 +1,15 @@
-//! A deterministic, approximate tokenizer.
+//! The simulator's tokenizer: deterministic and approximate.
 //!
 //! The simulator needs token counts that behave like a real tokenizer's (about
 //! four bytes of English per token) and token ids that are stable, so that the
 //! engine's prefix cache sees the same ids for the same text. It does not need
-//! a real vocabulary, so this is a cheap stand-in, not BPE:
+//! a real vocabulary, so this is a cheap stand-in, not BPE.
+//!
+//! It lives here, not in the simulator, because a simulated replica's KV
+//! events carry these ids: a gateway indexing them tokenizes prompts with the
+//! same functions (the simulator re-exports this module as `sim::tokenizer`).
+//!
+//! How it works:
 //!
 //! 1. **Pre-tokenize** like GPT-style tokenizers: a *word* is an optional single
 //!    leading space followed by a run of alphanumeric characters; any other
