@@ -1,28 +1,33 @@
 //! Flow control end to end: a pool driven into saturation through the
 //! metrics its replicas report, and requests of every band against it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::exposition::scrape;
 use crate::support::{
-    Behaviour, CHAT, FakeReplica, MetricsFault, client, config, idle_vllm_metrics, poll_until,
-    until_debug_pools, vllm_metrics,
+    Behaviour, CHAT, FakeReplica, client, config, idle_vllm_metrics, poll_until, until_debug_pools,
+    vllm_metrics, within,
 };
 use gateway::Gateway;
 use serde_json::{Value, json};
+use tokio::sync::{Semaphore, mpsc};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
 /// One replica, scored, scraped every 20 ms. `queueDepth: 1` makes the
 /// dispatcher hand out one request per freed slot, so dispatch order is
-/// observable at the replica.
+/// observable at the replica. The last scrape stays in force however long
+/// the next one hangs ([`release_for_one_scrape`]): with the default scrape
+/// timeout (500 ms) or a short `staleAfter`, a slow run would see the
+/// replica turn unhealthy or stale, and the picker's fallback would then
+/// send every waiting request at once, whatever the saturation.
 fn saturable(replica: &FakeReplica, flow: &str) -> config::InferenceGatewayConfig {
     config(
         &format!("  admin: {{address: \"127.0.0.1:0\"}}\n{flow}"),
         &format!(
-            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{saturation: {{queueDepth: 1}}, metrics: {{interval: 20ms, staleAfter: 2s}}}}}}\n",
+            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{saturation: {{queueDepth: 1}}, metrics: {{interval: 20ms, staleAfter: 10m, timeout: 10m}}}}}}\n",
             replica.addr
         ),
     )
@@ -53,8 +58,7 @@ fn release(replica: &FakeReplica) {
 /// order. (A later scrape of an idle replica would let requests still in
 /// flight be dispatched side by side, and race.)
 fn release_for_one_scrape(replica: &FakeReplica) {
-    release(replica);
-    replica.set_metrics_fault(MetricsFault::OnceThenHang);
+    replica.set_metrics_once(&idle_vllm_metrics());
 }
 
 async fn queued(gw: &Gateway, want: [usize; 3]) {
@@ -189,7 +193,10 @@ async fn decision_headers_report_the_queue_wait() {
         .await
         .value("infergate_pick_duration_seconds_count", &[("pool", "p")]);
     assert!(picks >= 2.0, "{picks} picks timed");
-    // With room, the next one goes straight through.
+    // With room, the next one goes straight through. Its client may read
+    // the answer before the gateway lets go of the request's place at the
+    // replica; until then the replica has no room.
+    debug_shows(&gw, "inflightRequests", json!(0)).await;
     let direct = send(&gw, "d", None, None).await.unwrap();
     assert_eq!(direct.headers()["x-infergate-queue-wait-ms"], "0");
     // Refusals carry no decision headers: nothing was decided.
@@ -279,10 +286,15 @@ async fn header_cannot_raise_a_band_unless_allowed() {
     assert_eq!(bad.status(), 400);
 }
 
+/// A full line refuses at once, and a wait that expires ends in a 429.
+/// Each on its own gateway: with one short wait for both, the third
+/// request had to arrive before the first two expired, which a slow
+/// machine need not manage.
 #[tokio::test]
 async fn wait_expires_with_429_and_queue_full_is_refused() {
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
-    let flow = "  flowControl: {standard: {maxWait: 300ms, maxQueued: 2}}\n";
+    // The waits outlast the test: both places stay taken until released.
+    let flow = "  flowControl: {standard: {maxWait: 10m, maxQueued: 2}}\n";
     let gw = Gateway::start(&saturable(&replica, flow)).await.unwrap();
     saturate(&gw, &replica).await;
     let first = send(&gw, "s0", None, None);
@@ -291,6 +303,28 @@ async fn wait_expires_with_429_and_queue_full_is_refused() {
     let full = send(&gw, "s2", None, None).await.unwrap();
     assert_eq!(full.status(), 429);
     assert_eq!(dropped_reason(&full), Some("queue-full"));
+    // The refusal at once is not in the queue-wait histogram (and the two
+    // waiting are not yet).
+    let waits = |m: &crate::support::exposition::Exposition| {
+        m.get(
+            "infergate_queue_wait_seconds_count",
+            &[("pool", "p"), ("priority", "standard")],
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(waits(&scrape(&gw).await), 0.0);
+    release(&replica);
+    for waited in [first, second] {
+        assert_eq!(waited.await.unwrap().status(), 200);
+    }
+    assert_eq!(waits(&scrape(&gw).await), 2.0);
+
+    let replica = FakeReplica::start("b", Behaviour::Echo).await;
+    let flow = "  flowControl: {standard: {maxWait: 300ms}}\n";
+    let gw = Gateway::start(&saturable(&replica, flow)).await.unwrap();
+    saturate(&gw, &replica).await;
+    let first = send(&gw, "s0", None, None);
+    let second = send(&gw, "s1", None, None);
     for waited in [first, second] {
         let resp = waited.await.unwrap();
         assert_eq!(resp.status(), 429);
@@ -299,9 +333,8 @@ async fn wait_expires_with_429_and_queue_full_is_refused() {
     }
     queued(&gw, [0, 0, 0]).await;
     assert_eq!(replica.count(), 0);
-
     // The expired waits are in the queue-wait histogram, each at least
-    // its bound; the refusal at once is not.
+    // its bound.
     let m = scrape(&gw).await;
     let value = |name: &str| m.value(name, &[("pool", "p"), ("priority", "standard")]);
     assert_eq!(value("infergate_queue_wait_seconds_count"), 2.0);
@@ -336,79 +369,197 @@ async fn a_client_that_leaves_the_queue_never_reaches_a_replica() {
     assert_eq!(arrival_order(&replica), ["stays"]);
 }
 
-/// 2,000 concurrent requests of all bands against one small simulated
-/// replica whose metrics are real: every request gets exactly one answer,
-/// a success or a documented refusal.
+/// 2,000 concurrent requests of all bands against a saturated replica:
+/// every request gets exactly one answer, a success or a documented
+/// refusal, and every success is one request the replica received once.
+/// Critical requests go first and none is refused while lower bands are;
+/// within a band, fairness keys take turns.
+///
+/// Every count is exact. The replica reports no room until all 2,000 have
+/// been admitted or refused, so who waits and who is refused is decided
+/// by the flow-control rules alone: sheddable never waits, standard's line
+/// holds 500, critical's all of its own; the waits outlast the test, so
+/// none expires. Then the replica reports room for one scrape and holds
+/// its answers behind a gate the test opens; with `queueDepth: 1` the
+/// dispatcher sends one request at a time, each after the previous one was
+/// answered, so the replica sees them in dispatch order. (Against a
+/// simulated replica on its own clock, which requests got through, waited
+/// out their time or found room depended on the machine's speed: only
+/// inequalities between the bands' successes could be asserted, and even
+/// those failed on a loaded machine.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_gets_exactly_one_answer_per_request() {
-    let replica = sim::start_replica(
-        "127.0.0.1:0".parse().unwrap(),
-        sim::ReplicaSpec {
-            served_model_name: Some("m".into()),
-            max_num_seqs: Some(4),
-            time_scale: 50.0,
-            ..sim::ReplicaSpec::new("a10g", "llama-3.1-8b")
-        },
-    )
-    .await
-    .unwrap();
-    let cfg = config(
-        "  flowControl: {headerMayRaise: true, standard: {maxWait: 3s}, critical: {maxWait: 6s}}\n",
-        &format!(
-            "    - {{name: p, models: [m], endpoints: [\"{}\"], scheduling: {{metrics: {{interval: 20ms}}}}}}\n",
-            replica.local_addr()
-        ),
-    );
-    let gw = Arc::new(Gateway::start(&cfg).await.unwrap());
     const N: usize = 2000;
+    const KEYS: usize = 7;
+    const STANDARD_PLACES: usize = 500;
+    const BANDS: [&str; 3] = ["critical", "standard", "sheddable"];
+    let per_band = |band: usize| (0..N).filter(|i| i % 3 == band).count();
+    let (critical, standard, sheddable) = (per_band(0), per_band(1), per_band(2));
+    let band_of = |id: usize| BANDS[id % 3];
+
+    let gate = Arc::new(Semaphore::new(0));
+    let replica = FakeReplica::start("a", Behaviour::Held(Arc::clone(&gate))).await;
+    let flow = format!(
+        "  flowControl: {{headerMayRaise: true, critical: {{maxWait: 10m}}, standard: {{maxWait: 10m, maxQueued: {STANDARD_PLACES}}}}}\n"
+    );
+    let gw = Gateway::start(&saturable(&replica, &flow)).await.unwrap();
+    saturate(&gw, &replica).await;
+
     let http = client();
-    let mut requests = Vec::with_capacity(N);
-    for i in 0..N {
-        let band = ["critical", "standard", "sheddable"][i % 3];
+    let (answered, mut answers) = mpsc::unbounded_channel();
+    for id in 0..N {
         let req = http
             .post(format!("http://{}{CHAT}", gw.addr()))
-            .header("x-infergate-priority", band)
-            .header("x-infergate-fairness-id", format!("tenant-{}", i % 7))
+            .header("x-request-id", id.to_string())
+            .header("x-infergate-priority", band_of(id))
+            .header("x-infergate-fairness-id", format!("tenant-{}", id % KEYS))
             .body(
-                json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": format!("question {i}")}]})
+                json!({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": format!("question {id}")}]})
                     .to_string(),
             );
-        requests.push(tokio::spawn(async move {
-            let resp = req.send().await.expect("every request gets an HTTP answer");
-            let status = resp.status().as_u16();
-            let reason = dropped_reason(&resp).map(str::to_owned);
-            let body: Value = resp.json().await.expect("every answer is JSON");
-            (band, status, reason, body)
-        }));
+        let answered = answered.clone();
+        tokio::spawn(async move {
+            let outcome = async {
+                let resp = req
+                    .send()
+                    .await
+                    .map_err(|e| format!("no HTTP answer: {e}"))?;
+                let status = resp.status().as_u16();
+                let reason = dropped_reason(&resp).map(str::to_owned);
+                let body: Value = resp.json().await.map_err(|e| format!("not JSON: {e}"))?;
+                Ok::<_, String>((status, reason, body))
+            };
+            let _ = answered.send((id, outcome.await));
+        });
     }
-    let mut outcomes: HashMap<(&str, u16, Option<String>), usize> = HashMap::new();
-    for r in requests {
-        let (band, status, reason, body) = r.await.unwrap();
-        match status {
-            200 => assert_eq!(body["object"], "chat.completion"),
-            429 | 503 => {
-                let reason = reason
-                    .as_deref()
-                    .unwrap_or_else(|| panic!("refusals say why: {status} {body}"));
-                assert!(
-                    ["saturated", "queue-full", "wait-expired", "no-replicas"].contains(&reason),
-                    "{reason}"
-                );
-                assert!(body["error"]["message"].is_string());
-            }
-            other => panic!("unexpected status {other}: {body}"),
-        }
-        *outcomes.entry((band, status, reason)).or_default() += 1;
+    drop(answered);
+
+    // Every request admitted or refused: the refusals first, while the
+    // replica has no room; nothing else is answered meanwhile.
+    queued(&gw, [critical, STANDARD_PLACES, 0]).await;
+    let mut refused: HashMap<&str, usize> = HashMap::new();
+    let mut ids = HashSet::new();
+    for _ in 0..sheddable + standard - STANDARD_PLACES {
+        let (id, status, reason, body) = next_answer(&mut answers, "the refusals").await;
+        let band = band_of(id);
+        let want = match band {
+            "sheddable" => "saturated",
+            "standard" => "queue-full",
+            _ => panic!("critical request {id} refused: {status} {body}"),
+        };
+        assert_eq!(status, 429, "{band} request {id}: {body}");
+        assert_eq!(reason.as_deref(), Some(want), "{band} request {id}: {body}");
+        assert!(body["error"]["message"].is_string(), "{body}");
+        assert!(ids.insert(id), "request {id} answered twice");
+        *refused.entry(band).or_default() += 1;
     }
-    eprintln!("storm outcomes: {outcomes:?}");
-    let total: usize = outcomes.values().sum();
-    assert_eq!(total, N, "{outcomes:?}");
-    let ok = |band| outcomes.get(&(band, 200, None)).copied().unwrap_or(0);
-    assert!(ok("critical") > 0 && ok("standard") > 0, "{outcomes:?}");
-    // Critical requests wait longest and go first: none is refused while
-    // lower bands are, and more of them succeed than sheddable ones.
-    assert!(ok("critical") >= ok("sheddable"), "{outcomes:?}");
+    assert_eq!(refused["sheddable"], sheddable, "{refused:?}");
+    assert_eq!(
+        refused["standard"],
+        standard - STANDARD_PLACES,
+        "{refused:?}"
+    );
+    assert!(
+        answers.try_recv().is_err(),
+        "a waiting request was answered"
+    );
+    assert_eq!(replica.count(), 0);
+
+    // Room for one: the head of the line (a critical request) goes, and
+    // the rest wait while the replica holds it.
+    release_for_one_scrape(&replica);
+    within(DEADLINE, "the first dispatch", replica.wait_for(1)).await;
+    assert_eq!(gw.queued("p"), Some([critical - 1, STANDARD_PLACES, 0]));
+    gate.add_permits(N);
+    for _ in 0..critical + STANDARD_PLACES {
+        let (id, status, _, body) =
+            next_answer(&mut answers, "the waiting requests' answers").await;
+        assert_eq!(status, 200, "{} request {id}: {body}", band_of(id));
+        assert_eq!(body["object"], "chat.completion", "{body}");
+        assert!(ids.insert(id), "request {id} answered twice");
+    }
+    assert_eq!(ids.len(), N);
+    assert!(answers.recv().await.is_none(), "an answer too many");
     assert_eq!(gw.queued("p"), Some([0, 0, 0]));
+
+    // Each success reached the replica once; critical requests all before
+    // any standard one; within each band the keys took turns.
+    let order: Vec<usize> = arrival_order(&replica)
+        .iter()
+        .map(|id| id.parse().unwrap())
+        .collect();
+    assert_eq!(order.len(), critical + STANDARD_PLACES);
+    assert_eq!(order.iter().collect::<HashSet<_>>().len(), order.len());
+    let (first, then) = order.split_at(critical);
+    assert!(
+        first.iter().all(|&id| band_of(id) == "critical"),
+        "{order:?}"
+    );
+    assert!(
+        then.iter().all(|&id| band_of(id) == "standard"),
+        "{order:?}"
+    );
+    for (band, ids) in [("critical", first), ("standard", then)] {
+        let keys: Vec<usize> = ids.iter().map(|id| id % KEYS).collect();
+        assert_took_turns(band, &keys);
+    }
+
+    // The gateway's own counts agree.
+    let m = scrape(&gw).await;
+    let refusals = |reason: &str| {
+        m.value(
+            "infergate_refused_total",
+            &[("pool", "p"), ("reason", reason)],
+        )
+    };
+    assert_eq!(refusals("saturated"), sheddable as f64);
+    assert_eq!(refusals("queue-full"), (standard - STANDARD_PLACES) as f64);
+    let pool = [("pool", "p")];
+    assert_eq!(
+        m.value("infergate_queue_dispatched_total", &pool),
+        (critical + STANDARD_PLACES) as f64
+    );
+    assert_eq!(m.value("infergate_queue_abandoned_total", &pool), 0.0);
+}
+
+/// A storm request's answer (status, dropped reason, JSON body), or why
+/// there was none, by the request's id.
+type Answered = (usize, Result<(u16, Option<String>, Value), String>);
+
+/// The next storm request to be answered, waited for as `what`: its id,
+/// status, dropped reason and body.
+async fn next_answer(
+    answers: &mut mpsc::UnboundedReceiver<Answered>,
+    what: &str,
+) -> (usize, u16, Option<String>, Value) {
+    let (id, outcome) = within(DEADLINE, what, answers.recv())
+        .await
+        .expect("a request's task ended without an answer");
+    let (status, reason, body) = outcome.unwrap_or_else(|e| panic!("request {id}: {e}"));
+    (id, status, reason, body)
+}
+
+/// `keys`, the fairness keys of one band's requests in dispatch order (all
+/// of them waiting before the first went), took turns: no key was served
+/// an n+1th time while another with requests left had not had its nth.
+fn assert_took_turns(band: &str, keys: &[usize]) {
+    let mut left: HashMap<usize, usize> = HashMap::new();
+    for &key in keys {
+        *left.entry(key).or_default() += 1;
+    }
+    let mut served: HashMap<usize, usize> = left.keys().map(|&k| (k, 0)).collect();
+    for (at, &key) in keys.iter().enumerate() {
+        for (&other, &n) in &served {
+            assert!(
+                n >= served[&key] || left[&other] == 0,
+                "{band}: key {key} served for the {}th time (dispatch {at}) before key {other} had its {}th turn: {keys:?}",
+                served[&key] + 1,
+                n + 1,
+            );
+        }
+        *served.get_mut(&key).unwrap() += 1;
+        *left.get_mut(&key).unwrap() -= 1;
+    }
 }
 
 /// One replica whose model `m` is critical, scraped every 20 ms, with the

@@ -232,6 +232,19 @@ impl FakeReplica {
         self.fault_changed.notify_waiters();
     }
 
+    /// Answer exactly one scrape with `text`, then hang as
+    /// [`MetricsFault::OnceThenHang`] does. Text and fault change together:
+    /// setting them one after the other lets a scrape in between answer
+    /// `text` too, a second observation the test did not mean.
+    pub fn set_metrics_once(&self, text: &str) {
+        {
+            let mut fault = self.fault.lock();
+            *self.metrics.lock() = text.to_owned();
+            *fault = MetricsFault::OnceThenHang;
+        }
+        self.fault_changed.notify_waiters();
+    }
+
     /// Stop listening and drop every connection.
     pub fn kill(&self) {
         self.task.abort();
@@ -321,20 +334,26 @@ impl Ctx {
     async fn metrics(&self) -> Response<FakeBody> {
         loop {
             let changed = self.fault_changed.notified();
-            let fault = *self.fault.lock();
-            match fault {
-                MetricsFault::None => return full(StatusCode::OK, self.metrics.lock().clone()),
-                MetricsFault::OnceThenHang => {
-                    *self.fault.lock() = MetricsFault::Hang;
-                    return full(StatusCode::OK, self.metrics.lock().clone());
-                }
-                MetricsFault::Unavailable => {
-                    return full(
+            // The text is read under the fault's lock, so a scrape sees a
+            // fault and a text that were set together.
+            let answer = {
+                let mut fault = self.fault.lock();
+                match *fault {
+                    MetricsFault::None => Some(full(StatusCode::OK, self.metrics.lock().clone())),
+                    MetricsFault::OnceThenHang => {
+                        *fault = MetricsFault::Hang;
+                        Some(full(StatusCode::OK, self.metrics.lock().clone()))
+                    }
+                    MetricsFault::Unavailable => Some(full(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "metrics unavailable".into(),
-                    );
+                    )),
+                    MetricsFault::Hang => None,
                 }
-                MetricsFault::Hang => changed.await,
+            };
+            match answer {
+                Some(answer) => return answer,
+                None => changed.await,
             }
         }
     }
