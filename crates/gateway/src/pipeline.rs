@@ -582,6 +582,9 @@ struct Decided {
 }
 
 /// Who answers the request.
+// One per request, built once and matched at once: boxing the larger
+// variant would cost an allocation and save nothing.
+#[allow(clippy::large_enum_variant)]
 enum Target {
     /// A local pool's replica, admitted by flow control.
     Replica {
