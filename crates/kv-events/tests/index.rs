@@ -241,6 +241,22 @@ fn one_walk_answers_for_every_replica_and_rank() {
         pool.matched_blocks(2, &conversation, None, BS),
         matches.get(2)
     );
+    // Shares only where the index is exact (here: nowhere yet).
+    assert_eq!(matches.exact_share(1, 0.5), None);
+    for p in [&r1, &r2, &r2b] {
+        p.set_source(Source::Events);
+    }
+    let matches = pool.match_prefix(&keys);
+    assert_eq!(matches.exact_share(1, 0.5), Some(3.0 / 5.0));
+    assert_eq!(matches.exact_share(2, 0.5), Some(1.0));
+    assert_eq!(matches.exact_share(3, 0.5), None, "not exact");
+    assert_eq!(matches.exact_share(4, 0.5), None, "no publisher");
+    r2b.set_source(Source::Unsure(Unsure::Gap));
+    assert_eq!(
+        pool.match_prefix(&keys).exact_share(2, 0.5),
+        None,
+        "one rank unsure"
+    );
     assert_eq!(pool.replica_status(2).len(), 2);
 }
 

@@ -187,9 +187,33 @@ struct PoolState {
     holders: Holders,
     /// By slot; a detached publisher's slot is `None` until reused.
     publishers: Vec<Option<PublisherState>>,
+    /// Every replica with a publisher, by id, and whether all its
+    /// publishers are exact; rebuilt when that changes (rarely), shared
+    /// with every query's answer.
+    replicas: Arc<Vec<(u64, bool)>>,
 }
 
 impl PoolState {
+    fn refresh_replicas(&mut self) {
+        let mut replicas: Vec<(u64, bool)> = Vec::new();
+        let mut all: Vec<_> = self
+            .publishers
+            .iter()
+            .flatten()
+            .map(|p| (p.id.replica, p.status.source == Source::Events))
+            .collect();
+        all.sort_unstable();
+        for (replica, exact) in all {
+            match replicas.last_mut() {
+                Some((last, all_exact)) if *last == replica => *all_exact &= exact,
+                _ => replicas.push((replica, exact)),
+            }
+        }
+        if *self.replicas != replicas {
+            self.replicas = Arc::new(replicas);
+        }
+    }
+
     fn slot_of(&self, id: PublisherId) -> Option<u32> {
         self.publishers
             .iter()
@@ -201,6 +225,7 @@ impl PoolState {
         if let Some(mut publisher) = self.publishers[slot as usize].take() {
             publisher.clear(slot, &mut self.holders);
         }
+        self.refresh_replicas();
     }
 }
 
@@ -232,6 +257,7 @@ impl PoolIndex {
                 state.publishers.len() - 1
             }
         } as u32;
+        state.refresh_replicas();
         PublisherIndex {
             pool: self.clone(),
             slot,
@@ -243,7 +269,7 @@ impl PoolIndex {
     /// come from [`keys::prompt_keys`] with the engines' block size.
     pub fn match_prefix(&self, keys: &[BlockKey]) -> PrefixMatches {
         let state = self.state.read();
-        query::walk(&state.holders, &state.publishers, keys)
+        query::walk(&state.holders, &state.publishers, &state.replicas, keys)
     }
 
     /// A single replica's match (best data-parallel rank): the shape of the
@@ -281,17 +307,7 @@ impl PoolIndex {
 
     /// Whether every publisher of `replica` is in sync (and it has one).
     pub fn is_exact(&self, replica: u64) -> bool {
-        let state = self.state.read();
-        let mut any = false;
-        for p in state.publishers.iter().flatten() {
-            if p.id.replica == replica {
-                any = true;
-                if p.status.source != Source::Events {
-                    return false;
-                }
-            }
-        }
-        any
+        query::exact(&self.state.read().replicas, replica) == Some(true)
     }
 
     /// The engine hashes (as [`BlockHash::id`](crate::wire::BlockHash::id))
@@ -398,7 +414,11 @@ impl PublisherIndex {
         if let Some(p) = state.publishers[self.slot as usize].as_mut()
             && p.attachment == self.attachment
         {
+            let before = p.status.source;
             f(p, &mut state.holders, self.slot);
+            if p.status.source != before {
+                state.refresh_replicas();
+            }
         }
     }
 }

@@ -7,6 +7,8 @@
 //! only on the GPU ends the match.
 
 use super::PublisherId;
+use std::sync::Arc;
+
 use super::holders::{Holder, Holders};
 use super::state::PublisherState;
 use crate::keys::BlockKey;
@@ -47,6 +49,9 @@ pub struct PrefixMatches {
     prompt_blocks: u32,
     /// Publishers holding at least the first block, by id.
     matched: Vec<(PublisherId, BlockMatch)>,
+    /// Every replica with a publisher, and whether its index is exact, as
+    /// of the query.
+    replicas: Arc<Vec<(u64, bool)>>,
 }
 
 impl PrefixMatches {
@@ -65,6 +70,17 @@ impl PrefixMatches {
             .map(|&(_, m)| m)
             .max_by_key(|m| m.rank())
             .unwrap_or_default()
+    }
+
+    /// The replica's share of the prompt, an offloaded block counting
+    /// `offload_weight` of a GPU block ([`BlockMatch::share`]); `None` when
+    /// the events cannot speak for it (no publisher, or one not exact), so
+    /// the caller falls back to its own guess for that replica alone.
+    pub fn exact_share(&self, replica: u64, offload_weight: f64) -> Option<f64> {
+        match exact(&self.replicas, replica) {
+            Some(true) => Some(self.get(replica).share(self.prompt_blocks, offload_weight)),
+            _ => None,
+        }
     }
 
     /// Every publisher that holds the first block.
@@ -100,9 +116,18 @@ impl Run {
 
 const NO_RUN: u32 = u32::MAX;
 
+/// Whether a replica's index is exact; `None` without a publisher.
+pub(crate) fn exact(replicas: &[(u64, bool)], replica: u64) -> Option<bool> {
+    replicas
+        .binary_search_by_key(&replica, |&(r, _)| r)
+        .ok()
+        .map(|i| replicas[i].1)
+}
+
 pub(crate) fn walk(
     holders: &Holders,
     publishers: &[Option<PublisherState>],
+    replicas: &Arc<Vec<(u64, bool)>>,
     keys: &[BlockKey],
 ) -> PrefixMatches {
     let prompt_blocks = keys.len() as u32;
@@ -142,6 +167,7 @@ pub(crate) fn walk(
     PrefixMatches {
         prompt_blocks,
         matched,
+        replicas: replicas.clone(),
     }
 }
 
