@@ -7,8 +7,8 @@
 //! `[ts, events, data_parallel_rank]`. vLLM encodes the batch and its events
 //! as msgpack **arrays** in older releases (`array_like`, an event's tag
 //! first) and as **maps** on main (an event's tag under `"type"`); both are
-//! in the field, so both are read ([`decode`]) and both can be written
-//! ([`encode`], [`Encoding`]). Fields with a default that are absent are
+//! in the field, so both are read ([`decode_batch`]) and both can be written
+//! ([`encode_batch`], [`Encoding`]). Fields with a default that are absent are
 //! `None`, fields nobody knows yet are ignored, and events of an unknown
 //! kind decode to [`KvEvent::Unknown`] so the caller can count them.
 
