@@ -37,13 +37,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::generation::Runtimes;
+use crate::generation::reload::Reload;
 use crate::inbound::drain::Drain;
 use crate::inbound::server::{self, Workers};
 use crate::state::State;
 
 pub use crate::error::DropReason;
-pub use crate::generation::discovered::Discovery;
+pub use crate::generation::reload::Discovery;
 
 /// Connections the admin listener serves at once, apart from the public
 /// listeners' limit: a flood of clients must not shut out the probes and
@@ -62,12 +62,10 @@ pub struct Gateway {
     drain: Arc<Drain>,
     accept_loops: Vec<JoinHandle<()>>,
     drain_timeout: Duration,
-    /// Every pool's runtime, for the next generation.
-    runtimes: Arc<parking_lot::Mutex<Runtimes>>,
-    /// What the sockets were opened with: a reload must leave it alone.
-    /// Boxed: read only on reload, it would otherwise double the handle.
-    fixed: Box<FixedAtStart>,
-    // After `state`, whose pools' upstream clients run on the workers.
+    /// What a new config goes through; discovery's handles share it.
+    reload: Arc<Reload>,
+    // After `state` and `reload`, whose pools' upstream clients run on the
+    // workers.
     _workers: Arc<Workers>,
 }
 
@@ -110,92 +108,14 @@ fn listener_tls(
         .transpose()
 }
 
-/// The settings a running gateway cannot change: its listeners (addresses,
-/// TLS on or off, which files), the connection limits they were opened
-/// with, the drain and the telemetry set up at start. A reload that changes them is refused, naming them, rather than
-/// applied in part.
-#[derive(Debug)]
-struct FixedAtStart {
-    listeners: Vec<config::Listener>,
-    admin: Option<config::Admin>,
-    limits: config::Limits,
-    shutdown: config::Shutdown,
-    telemetry: config::Telemetry,
-}
-
-impl FixedAtStart {
-    fn of(spec: &config::Spec) -> Self {
-        Self {
-            listeners: spec.listeners.clone(),
-            admin: spec.admin.clone(),
-            limits: spec.limits.clone(),
-            shutdown: spec.shutdown.clone(),
-            telemetry: spec.telemetry.clone(),
-        }
-    }
-
-    /// The fields of `spec` that differ from what the gateway started with.
-    fn changed_in(&self, spec: &config::Spec) -> Vec<&'static str> {
-        let (was, now) = (&self.limits, &spec.limits);
-        [
-            ("spec.listeners", self.listeners != spec.listeners),
-            ("spec.admin", self.admin != spec.admin),
-            (
-                "spec.limits.maxConnections",
-                was.max_connections != now.max_connections,
-            ),
-            (
-                "spec.limits.maxConnectionsPerClient",
-                was.max_connections_per_client != now.max_connections_per_client,
-            ),
-            (
-                "spec.limits.maxBufferedBodyBytes",
-                was.max_buffered_body_bytes != now.max_buffered_body_bytes,
-            ),
-            (
-                "spec.limits.headerTimeout",
-                was.header_timeout != now.header_timeout,
-            ),
-            ("spec.shutdown", self.shutdown != spec.shutdown),
-            ("spec.telemetry", self.telemetry != spec.telemetry),
-        ]
-        .into_iter()
-        .filter_map(|(field, changed)| changed.then_some(field))
-        .collect()
-    }
-}
-
-/// One line per pool, so an operator sees what was loaded.
-fn log_pools(generation: &generation::Generation) {
-    for pool in &generation.pools {
-        let picker = pool.runtime().picker();
-        let endpoints: Vec<String> = picker
-            .endpoints()
-            .iter()
-            .map(|e| e.addr.to_string())
-            .collect();
-        tracing::info!(
-            pool = %pool.name(),
-            engine = pool.engine().as_str(),
-            policy = picker.config().policy.name(),
-            endpoints = %endpoints.join(","),
-            "pool"
-        );
-    }
-}
-
 impl Gateway {
     /// Start every listener and every pool's scrapers. The config must
     /// already be validated.
     pub async fn start(config: &config::InferenceGatewayConfig) -> anyhow::Result<Self> {
         let spec = &config.spec;
         let workers = Arc::new(Workers::start(Workers::default_count())?);
-        let metrics = telemetry::Metrics::new();
-        let mut runtimes = Runtimes::new(workers.len());
-        let generation = runtimes.build(spec, &metrics)?;
-        log_pools(&generation);
-        let state = Arc::new(State::new(generation, metrics, &spec.limits));
-        members::configure(&state, spec.global.as_ref(), spec.timeouts.idle());
+        let reload = Arc::new(Reload::start(spec, workers.len())?);
+        let state = Arc::clone(reload.state());
 
         let (stop, stop_rx) = watch::channel(false);
         let drain = Arc::new(Drain::new());
@@ -254,8 +174,7 @@ impl Gateway {
             drain,
             accept_loops,
             drain_timeout: spec.shutdown.drain_timeout(),
-            runtimes: Arc::new(parking_lot::Mutex::new(runtimes)),
-            fixed: Box::new(FixedAtStart::of(spec)),
+            reload,
             _workers: workers,
         })
     }
@@ -270,35 +189,12 @@ impl Gateway {
     /// a config that changes them is refused, naming them. The config must
     /// be validated, with simulated pools started.
     pub fn apply(&self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
-        let changed = self.fixed.changed_in(&config.spec);
-        if !changed.is_empty() {
-            anyhow::bail!(
-                "{} changed: these are fixed while the gateway runs; \
-                 restart it to change them (a rotated certificate file needs no restart)",
-                changed.join(", ")
-            );
-        }
-        let generation = self
-            .runtimes
-            .lock()
-            .build(&config.spec, &self.state.metrics)?;
-        log_pools(&generation);
-        self.state.install(generation);
-        members::configure(
-            &self.state,
-            config.spec.global.as_ref(),
-            config.spec.timeouts.idle(),
-        );
-        tracing::info!(pools = config.spec.pools.len(), "config applied");
-        Ok(())
+        self.reload.apply(&config.spec)
     }
 
     /// Where discovery reports the replicas of pools found in Kubernetes.
     pub fn discovery(&self) -> Discovery {
-        Discovery {
-            runtimes: Arc::clone(&self.runtimes),
-            state: Arc::clone(&self.state),
-        }
+        self.reload.discovery()
     }
 
     /// Say where the config comes from (`/debug/config` shows it).

@@ -8,6 +8,9 @@
 //! discovery — goes through the same [`Runtimes::build`]. Authentication
 //! is the same: keys files and JWKS carry over by path or URL
 //! ([`crate::auth::Sources`]), the rest is rebuilt.
+//!
+//! [`reload`] is the whole of a reload, in order, from the check of what
+//! is fixed at start to the swap and the global tier's members.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -274,8 +277,8 @@ impl Runtimes {
     }
 }
 
-pub mod discovered;
 pub mod pool;
+pub mod reload;
 
 #[cfg(test)]
 mod tests;
