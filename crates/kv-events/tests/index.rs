@@ -96,6 +96,7 @@ fn a_removed_block_ends_the_match_there() {
     let status = p.status().unwrap();
     assert_eq!(status.missing_removals, 2);
     assert_eq!(status.gpu_blocks, 3);
+    assert_eq!((status.stored_blocks, status.removed_blocks), (4, 1));
     assert_eq!(pool.block_ids(id(1), Tier::Gpu), [1, 2, 4]);
 }
 

@@ -199,10 +199,10 @@ fn run(
 async fn a_replica_publishes_its_cache_over_zmq_and_replays_what_it_dropped() {
     let spec = ReplicaSpec {
         time_scale: 200.0,
-        num_gpu_blocks_override: Some(64),
+        num_gpu_blocks_override: Some(32),
         kv_events: Some(KvEventsSpec {
             topic: "kv@sim@llama".into(),
-            drop_fraction: 0.3,
+            drop_fraction: 0.5,
             encoding: Encoding::Array,
             ..KvEventsSpec::default()
         }),
@@ -230,7 +230,7 @@ async fn a_replica_publishes_its_cache_over_zmq_and_replays_what_it_dropped() {
     .await
     .expect("the subscriber syncs with the replica");
 
-    // Conversations over a few shared system prompts, more than 64 blocks
+    // Conversations over a few shared system prompts, more than 32 blocks
     // of 16 tokens hold.
     let http = Http::new(replica.local_addr());
     let mut rng = SmallRng::seed_from_u64(3);
@@ -291,7 +291,12 @@ async fn a_replica_publishes_its_cache_over_zmq_and_replays_what_it_dropped() {
     assert_eq!(status.orphaned_blocks, 0, "{status:#?}");
     assert!(status.missing_removals == 0, "{status:#?}");
     assert_eq!(pool.block_ids(ID, Tier::Gpu), cached, "index vs cache");
-    assert!(cached.len() <= 64);
+    assert!(cached.len() <= 32);
+    assert!(status.removed_blocks > 0, "evictions: {status:#?}");
+    assert_eq!(
+        status.stored_blocks - status.removed_blocks,
+        cached.len() as u64
+    );
     // The gateway's question, with the simulator's tokenizer: the last
     // conversation is cached, at least its system prompt's blocks.
     let matched = pool.matched_blocks(1, &last_prompt, None, 16);

@@ -127,6 +127,10 @@ pub struct PublisherStatus {
     pub last_sequence: Option<u64>,
     pub batches: u64,
     pub events: u64,
+    /// Blocks stored and removed, over the stream's life (a block stored in
+    /// two tiers counts twice).
+    pub stored_blocks: u64,
+    pub removed_blocks: u64,
     /// Events of kinds this crate does not know (ignored).
     pub unknown_events: u64,
     /// Events of other KV groups, or with tokens that do not fill their
@@ -158,6 +162,8 @@ impl PublisherStatus {
             last_sequence: None,
             batches: 0,
             events: 0,
+            stored_blocks: 0,
+            removed_blocks: 0,
             unknown_events: 0,
             skipped_events: 0,
             orphaned_blocks: 0,

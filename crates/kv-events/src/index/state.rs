@@ -165,6 +165,7 @@ impl PublisherState {
             held.tiers |= tier.bit();
             holders.add(key, slot, tier);
             self.tier_blocks[tier as usize] += 1;
+            self.status.stored_blocks += 1;
         }
     }
 
@@ -187,6 +188,7 @@ impl PublisherState {
             held.tiers &= !tier.bit();
             holders.remove(held.key, slot, tier);
             self.tier_blocks[tier as usize] -= 1;
+            self.status.removed_blocks += 1;
             if held.tiers == 0 {
                 let key = held.key;
                 self.blocks.remove(&id);
