@@ -287,6 +287,28 @@ mod tests {
     }
 
     #[test]
+    fn kv_event_flags_turn_them_on_replica_by_replica() {
+        let spec = Cli::parse_from([
+            "sim",
+            "--replicas",
+            "2",
+            "--kv-events-port",
+            "5557",
+            "--kv-events-replay-port",
+            "5657",
+            "--kv-events-topic",
+            "kv@sim",
+        ])
+        .sim
+        .fleet_spec();
+        let second = spec.replica(1).kv_events.unwrap();
+        assert_eq!((second.port, second.replay_port), (5558, Some(5658)));
+        assert_eq!(second.topic, "kv@sim");
+        assert!(Cli::try_parse_from(["sim", "--kv-events-topic", "t"]).is_err());
+        assert_eq!(Cli::parse_from(["sim"]).sim.fleet_spec().kv_events, None);
+    }
+
+    #[test]
     fn defaults_are_one_h100_replica_on_9001() {
         let spec = Cli::parse_from(["sim"]).sim.fleet_spec();
         assert_eq!((spec.replicas, spec.base_port), (1, Some(9001)));

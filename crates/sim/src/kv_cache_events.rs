@@ -181,3 +181,69 @@ fn unix_seconds() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_ports_move_up_by_the_replica_and_must_fit() {
+        let spec = KvEventsSpec {
+            port: 5557,
+            replay_port: Some(5600),
+            ..KvEventsSpec::default()
+        };
+        let third = spec.for_replica(2);
+        assert_eq!((third.port, third.replay_port), (5559, Some(5602)));
+        let picked = KvEventsSpec::default().for_replica(5);
+        assert_eq!((picked.port, picked.replay_port), (0, Some(0)));
+        spec.validate(10).unwrap();
+        let high = KvEventsSpec {
+            port: 65_530,
+            ..spec.clone()
+        };
+        assert!(high.validate(10).is_err());
+        let same = KvEventsSpec {
+            replay_port: Some(5557),
+            ..spec.clone()
+        };
+        assert!(same.validate(1).is_err());
+        let drops = KvEventsSpec {
+            drop_fraction: 1.5,
+            ..spec
+        };
+        assert!(drops.validate(1).is_err());
+    }
+
+    #[test]
+    fn records_become_vllm_events() {
+        let events = to_wire(
+            [
+                KvCacheEvent::Stored {
+                    hashes: vec![7, 8],
+                    parent: Some(6),
+                    tokens: vec![1, 2, 3, 4],
+                    adapter: Some("sql".into()),
+                },
+                KvCacheEvent::Removed { hashes: vec![7] },
+            ],
+            2,
+            true,
+        );
+        let KvEvent::BlockStored(stored) = &events[0] else {
+            panic!("{events:?}");
+        };
+        assert_eq!(
+            stored.block_hashes[0],
+            BlockHash::Bytes(vec![0, 0, 0, 0, 0, 0, 0, 7])
+        );
+        assert_eq!(
+            stored.parent_block_hash,
+            Some(BlockHash::Bytes(6u64.to_be_bytes().to_vec()))
+        );
+        assert_eq!(stored.block_size, 2);
+        assert_eq!(stored.lora_name.as_deref(), Some("sql"));
+        assert_eq!(stored.medium.as_deref(), Some("GPU"));
+        assert!(matches!(&events[1], KvEvent::BlockRemoved(r) if r.block_hashes.len() == 1));
+    }
+}
