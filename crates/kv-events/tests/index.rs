@@ -78,6 +78,7 @@ fn stores_chain_across_events_and_a_prompt_matches_its_longest_prefix() {
     let status = p.status().unwrap();
     assert_eq!(status.gpu_blocks, 5);
     assert_eq!(status.block_size, Some(BS));
+    assert_eq!(pool.block_size(), Some(BS));
     assert_eq!(status.last_sequence, Some(1));
     assert_eq!(status.batches, 2);
     assert_eq!(status.events, 2);

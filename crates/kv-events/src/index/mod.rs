@@ -291,6 +291,19 @@ impl PoolIndex {
             .get(replica)
     }
 
+    /// The block size the pool's engines report (from their stores; the
+    /// smallest if they differ, `None` before any store): what to cut
+    /// prompts into for [`PoolIndex::match_prefix`].
+    pub fn block_size(&self) -> Option<u32> {
+        let state = self.state.read();
+        state
+            .publishers
+            .iter()
+            .flatten()
+            .filter_map(|p| p.status.block_size)
+            .min()
+    }
+
     /// Every publisher's status, by id.
     pub fn statuses(&self) -> Vec<PublisherStatus> {
         let state = self.state.read();

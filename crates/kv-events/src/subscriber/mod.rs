@@ -96,6 +96,8 @@ pub fn rank_endpoint(endpoint: &str, rank: u32) -> Result<String, ConfigError> {
 }
 
 /// Follow `replica`'s ranks into `pool`. Call from within a tokio runtime.
+/// One subscription per replica: a second one for the same id takes its
+/// place in the index, and the first one's tasks write nothing more.
 pub fn subscribe(
     pool: &Arc<PoolIndex>,
     replica: u64,
