@@ -59,7 +59,7 @@ use crate::outbound::mirror::ShadowRequest;
 use crate::outbound::response_body::ResponseBody;
 use crate::outbound::{Forwarded, Outgoing, REQUEST_ID, stream_usage};
 use crate::record::{Record, Refusal};
-use crate::respond::{json, text};
+use crate::respond::{json, refuse, text};
 use crate::route::rewrite::{Served, model_field};
 use crate::route::table::Route;
 use crate::state::State;
@@ -176,11 +176,11 @@ async fn infer(
 ) -> Response<ResponseBody> {
     let received = match receive(state, &generation, req, &mut record).await {
         Ok(received) => received,
-        Err(refusal) => return record.refuse(refusal),
+        Err(refusal) => return refuse(record, refusal),
     };
     let decided = match decide(state, &generation, worker, &received, &mut record, ids).await {
         Ok(decided) => decided,
-        Err(refusal) => return record.refuse(refusal),
+        Err(refusal) => return refuse(record, refusal),
     };
     // 9. forward: to the admitted replica, or to a global member.
     let outgoing = received.outgoing(&generation, &decided.body, ids);

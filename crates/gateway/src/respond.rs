@@ -6,6 +6,20 @@ use http::{HeaderValue, Response, StatusCode, header};
 
 use crate::error::ApiError;
 use crate::outbound::response_body::{ResponseBody, full};
+use crate::record::{Record, Refusal};
+
+/// A stage answers the request itself: the refusal is recorded, rendered
+/// in the OpenAI shape, and carries the rate-limit headers.
+pub fn refuse(mut record: Record, refusal: impl Into<Refusal>) -> Response<ResponseBody> {
+    let Refusal { error, headers } = refusal.into();
+    record.refused(&error);
+    let mut response = error.into_response();
+    record.rate_headers(response.headers_mut());
+    if let Some(headers) = headers {
+        headers.apply(response.headers_mut());
+    }
+    response
+}
 
 impl ApiError {
     pub fn into_response(self) -> Response<ResponseBody> {

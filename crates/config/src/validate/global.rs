@@ -24,7 +24,7 @@ pub(super) fn check(p: &mut Problems, global: &Global) {
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, member) in global.members.iter().enumerate() {
         let mp = format!("{path}.members[{i}]");
-        super::check_name(p, &mut names, "spec.global.members", i, &member.name);
+        super::names::check_name(p, &mut names, "spec.global.members", i, &member.name);
         if let Err(why) = check_member_url(&member.url) {
             p.add(format!("{mp}.url"), why);
         }

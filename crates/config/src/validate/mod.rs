@@ -10,6 +10,7 @@ use picker::{Scorer, Weights};
 use signals::Dialect;
 
 mod global;
+mod names;
 mod security;
 mod tls;
 mod traffic;
@@ -20,6 +21,7 @@ pub use security::tenant_name;
 use crate::defaults;
 use crate::problem::{Problem, Problems, Unreadable};
 use crate::schema::{EngineScheduling, InferenceGatewayConfig, Policy, Pool, Telemetry};
+use names::check_name;
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
     let mut p = Problems(Vec::new());
@@ -235,26 +237,6 @@ fn check_collector_url(url: &str) -> Result<(), String> {
         return Err(format!("{url:?} has no valid host"));
     }
     Ok(())
-}
-
-/// `list[i].name`: not empty, and not the name of an earlier entry
-/// (`seen` holds those, with their indexes).
-fn check_name<'a>(
-    p: &mut Problems,
-    seen: &mut HashMap<&'a str, usize>,
-    list: &str,
-    i: usize,
-    name: &'a str,
-) {
-    let path = format!("{list}[{i}].name");
-    if name.is_empty() {
-        p.add(path, "must not be empty");
-    } else if let Some(first) = seen.insert(name, i) {
-        p.add(
-            path,
-            format!("{name:?} is already the name of {list}[{first}]"),
-        );
-    }
 }
 
 fn check_bind_address(

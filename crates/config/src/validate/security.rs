@@ -75,7 +75,7 @@ pub(super) fn check(p: &mut Problems, spec: &Spec) {
                 "\"other\" is reserved: it is the metrics label of every tenant not listed here",
             );
         } else {
-            super::check_name(p, &mut tenants, "spec.tenants", i, &tenant.name);
+            super::names::check_name(p, &mut tenants, "spec.tenants", i, &tenant.name);
         }
         if tenant.weight == Some(0) {
             p.add(format!("{path}.weight"), "must be at least 1");

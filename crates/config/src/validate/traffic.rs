@@ -13,7 +13,7 @@ pub(super) fn check(p: &mut Problems, spec: &Spec, served: &HashMap<&str, String
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, rewrite) in spec.rewrites.iter().enumerate() {
         let path = format!("spec.rewrites[{i}]");
-        super::check_name(p, &mut names, "spec.rewrites", i, &rewrite.name);
+        super::names::check_name(p, &mut names, "spec.rewrites", i, &rewrite.name);
         check_rewrite(p, &path, rewrite, served);
     }
     if let Some(sessions) = &spec.sessions {

@@ -19,6 +19,7 @@ use crate::generation::Generation;
 use crate::outbound;
 use crate::outbound::response_body::ResponseBody;
 use crate::record::Record;
+use crate::respond::refuse;
 use crate::state::State;
 
 /// Decision header naming the member that answered.
@@ -45,12 +46,12 @@ pub async fn forward(
     mut record: Record,
 ) -> Response<ResponseBody> {
     let Some(roster) = state.members.roster() else {
-        return record.refuse(ApiError::model_not_found(request.model));
+        return refuse(record, ApiError::model_not_found(request.model));
     };
     let choice = match roster.choose(request.model, request.residency.as_deref(), &state.metrics) {
         Ok(c) => c,
         Err(no) => {
-            return record.refuse(no_member(&no.message(request.model)));
+            return refuse(record, no_member(&no.message(request.model)));
         }
     };
     let Choice {
@@ -77,7 +78,7 @@ pub async fn forward(
             match crate::route::rewrite::model_field::with_model(request.body, &mapped) {
                 Some(b) => b,
                 None => {
-                    return record.refuse(ApiError::missing_model("`model` must be a string."));
+                    return refuse(record, ApiError::missing_model("`model` must be a string."));
                 }
             }
         };
@@ -90,7 +91,7 @@ pub async fn forward(
             Attempt::Answered(response) => {
                 return pass_on(generation, response, member, in_flight, record, fallback);
             }
-            Attempt::Failed(error) => return record.refuse(error),
+            Attempt::Failed(error) => return refuse(record, error),
             Attempt::Next(failure) => failure,
         };
         if !last {
@@ -102,7 +103,10 @@ pub async fn forward(
         }
         last_failure = Some(failure);
     }
-    record.refuse(last_failure.unwrap_or_else(|| no_member("no member could take the request")))
+    refuse(
+        record,
+        last_failure.unwrap_or_else(|| no_member("no member could take the request")),
+    )
 }
 
 /// How one attempt at a member went.

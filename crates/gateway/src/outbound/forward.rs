@@ -20,6 +20,7 @@ use crate::generation::pool::Pool;
 use crate::headers;
 use crate::inbound::server::WorkerId;
 use crate::record::Record;
+use crate::respond::refuse;
 use crate::telemetry::stage_span;
 
 const X_POOL: &str = "x-infergate-pool";
@@ -69,7 +70,7 @@ pub async fn forward(
                 }
                 return pass_on(&job, deadline, answer, admitted, record).await;
             }
-            Attempt::Failed(error) => return record.refuse(error),
+            Attempt::Failed(error) => return refuse(record, error),
             Attempt::NotSent(e) => e,
         };
         // None of the request reached the replica, so another may try.
@@ -83,7 +84,7 @@ pub async fn forward(
         tried.push(endpoint.index);
         admitted = match next_replica(&job, &tried, &failed) {
             Ok(next) => next,
-            Err(error) => return record.refuse(error),
+            Err(error) => return refuse(record, error),
         };
         record.retried();
     }
@@ -172,13 +173,13 @@ async fn pass_on(
         let detail = format!(
             "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
         );
-        return record.refuse(ApiError::upstream_failed(name, &detail));
+        return refuse(record, ApiError::upstream_failed(name, &detail));
     }
     record.on_response(answer.status, &answer.headers);
     let sse = headers::is_event_stream(&answer.headers);
     let (first, wrapped) = match first_frame(&mut answer, sse, deadline, &admitted).await {
         Ok(first) => first,
-        Err(e) => return record.refuse(e.into_api(name)),
+        Err(e) => return refuse(record, e.into_api(name)),
     };
     let mut response_headers = answer_headers(&answer.headers, wrapped, &record);
     if job.generation.debug.decision_headers {

@@ -18,10 +18,7 @@ use http::StatusCode;
 use picker::{Decision, TopScores};
 use tokio::time::Instant;
 
-use http::Response;
-
 use crate::error::ApiError;
-use crate::outbound::response_body::ResponseBody;
 use crate::rate_limits::{Outcome, RateHeaders, Refused, Reservation};
 use crate::route::rewrite::Served;
 use crate::telemetry::decisions::Pending;
@@ -257,19 +254,12 @@ impl Record {
         self.queue_wait
     }
 
-    /// The gateway answers the request itself: the refusal is recorded,
-    /// rendered in the OpenAI shape, and carries the rate-limit headers.
-    pub fn refuse(mut self, refusal: impl Into<Refusal>) -> Response<ResponseBody> {
-        let Refusal { error, headers } = refusal.into();
+    /// The gateway answers the request itself with `error`
+    /// ([`crate::respond::refuse`] renders it).
+    pub fn refused(&mut self, error: &ApiError) {
         self.status = error.status.as_u16();
-        self.refusal = Some(refusal_reason(&error));
+        self.refusal = Some(refusal_reason(error));
         self.on_error(&error.message);
-        let mut response = error.into_response();
-        self.rate_headers(response.headers_mut());
-        if let Some(headers) = headers {
-            headers.apply(response.headers_mut());
-        }
-        response
     }
 
     /// The `x-ratelimit-*` headers of the request's reservation, if any.
@@ -380,8 +370,8 @@ impl Record {
 /// the rate limit that refused it, when one did.
 #[derive(Debug)]
 pub struct Refusal {
-    error: ApiError,
-    headers: Option<RateHeaders>,
+    pub error: ApiError,
+    pub headers: Option<RateHeaders>,
 }
 
 impl From<ApiError> for Refusal {
