@@ -245,3 +245,15 @@ pub const GLOBAL_HEALTH_TICK: Duration = Duration::from_millis(100);
 /// The router's own view of a member's error and 429 rates covers about
 /// this much recent time, as a member's summary does.
 pub const GLOBAL_ERROR_WINDOW: Duration = SUMMARY_RATE_WINDOW;
+
+/// vLLM's default port for its KV-events publisher (`tcp://*:5557`).
+pub const KV_EVENTS_PORT: u16 = 5557;
+/// vLLM's tokenizer endpoint: a prompt's token ids as the engine sees
+/// them (its chat template applied).
+pub const TOKENIZE_PATH: &str = "/tokenize";
+/// Tokenizing a prompt takes the engine's API server milliseconds (tens
+/// for 32k tokens); past this the prefix is scored by the guess.
+pub const TOKENIZE_TIMEOUT: Duration = Duration::from_millis(250);
+/// An offloaded block saves about half of what a block in GPU memory
+/// does: it must be copied back before the prefill can use it.
+pub const OFFLOAD_WEIGHT: f64 = 0.5;

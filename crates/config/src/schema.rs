@@ -547,6 +547,114 @@ pub struct Pool {
     /// long, takes precedence.
     #[serde(default)]
     pub max_model_len: Option<u64>,
+    /// Where the picker learns what each replica's prefix cache holds: the
+    /// gateway's own guess (the default), or the engines' KV-cache events.
+    #[serde(default)]
+    pub prefix_cache: PrefixCache,
+}
+
+/// Which index scores prefix affinity, and how to follow the engines'
+/// KV-cache events (vLLM and SGLang `--kv-events-config`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PrefixCache {
+    #[serde(default)]
+    pub source: PrefixSource,
+    /// The port every replica's events publisher binds (vLLM's
+    /// `"endpoint": "tcp://*:5557"`); data-parallel rank `r` publishes on
+    /// this port + `r`.
+    pub events_port: Option<u16>,
+    /// The port of the replay socket (vLLM's `replay_endpoint`), which
+    /// gives back batches a gateway missed; without it a lost batch makes
+    /// that replica's index unsure until its engine clears its cache.
+    pub replay_port: Option<u16>,
+    /// Only events published under this topic are read; every topic when
+    /// not given (vLLM's default topic is empty).
+    pub topic: Option<String>,
+    /// Data-parallel ranks per replica, each publishing on its own port.
+    pub data_parallel_size: Option<u32>,
+    /// Publishers of replicas that do not share one port (several on one
+    /// host), by the replica's address.
+    #[serde(default)]
+    pub publishers: BTreeMap<String, Publisher>,
+    /// Where a prompt's token ids come from: this path of a replica of the
+    /// pool (vLLM's `POST /tokenize`), so they are the engine's own.
+    pub tokenize_path: Option<String>,
+    /// How long the gateway waits for a prompt's tokens before it scores
+    /// the prefix by its guess instead.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(with = "Option<String>")]
+    pub tokenize_timeout: Option<Duration>,
+    /// A block in an offload tier (CPU memory) counts as this share of a
+    /// block in GPU memory: loading it back costs part of a recompute.
+    pub offload_weight: Option<f64>,
+}
+
+/// The index that scores prefix affinity.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PrefixSource {
+    /// The gateway's guess: where it sent earlier prompts, aged by an
+    /// estimate of each replica's cache.
+    #[default]
+    Approximate,
+    /// The engines' own KV-cache events, exact; the guess answers for a
+    /// replica whose events are missing or unsure.
+    Events,
+}
+
+/// One replica's events publisher.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Publisher {
+    /// `tcp://host:port` of its PUB socket.
+    pub endpoint: String,
+    /// `tcp://host:port` of its replay socket, if it has one.
+    pub replay_endpoint: Option<String>,
+}
+
+impl PrefixCache {
+    pub fn events_port(&self) -> u16 {
+        self.events_port.unwrap_or(defaults::KV_EVENTS_PORT)
+    }
+
+    pub fn data_parallel_size(&self) -> u32 {
+        self.data_parallel_size.unwrap_or(1)
+    }
+
+    pub fn tokenize_path(&self) -> &str {
+        self.tokenize_path
+            .as_deref()
+            .unwrap_or(defaults::TOKENIZE_PATH)
+    }
+
+    pub fn tokenize_timeout(&self) -> Duration {
+        self.tokenize_timeout.unwrap_or(defaults::TOKENIZE_TIMEOUT)
+    }
+
+    pub fn offload_weight(&self) -> f64 {
+        self.offload_weight.unwrap_or(defaults::OFFLOAD_WEIGHT)
+    }
+
+    /// Where `replica` (`host:port`, or `https://host:port`) publishes its
+    /// events, and its replay socket: as listed in `publishers`, else on
+    /// the replica's host at the pool's ports.
+    pub fn publisher_of(&self, replica: &str) -> Publisher {
+        if let Some(listed) = self.publishers.get(replica) {
+            return listed.clone();
+        }
+        let host_port = replica
+            .strip_prefix("https://")
+            .or_else(|| replica.strip_prefix("http://"))
+            .unwrap_or(replica);
+        let host = host_port
+            .rsplit_once(':')
+            .map_or(host_port, |(host, _)| host);
+        Publisher {
+            endpoint: format!("tcp://{host}:{}", self.events_port()),
+            replay_endpoint: self.replay_port.map(|p| format!("tcp://{host}:{p}")),
+        }
+    }
 }
 
 impl Pool {

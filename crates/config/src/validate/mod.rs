@@ -11,6 +11,7 @@ use signals::Dialect;
 
 mod global;
 mod names;
+mod prefix_cache;
 mod security;
 mod tls;
 mod traffic;
@@ -177,6 +178,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
         }
         check_replicas(&mut p, &path, pool, unreadable);
         check_scheduling(&mut p, &path, pool, unreadable);
+        prefix_cache::check(&mut p, &format!("{path}.prefixCache"), &pool.prefix_cache);
     }
     let every_name_read = !unreadable.covers("spec.pools")
         && (0..spec.pools.len()).all(|i| {
