@@ -7,7 +7,7 @@
 //! a [`Publisher`]: a PUB socket, and a replay socket keeping the last
 //! batches. Off unless a replica's spec asks for it.
 //!
-//! The events carry the engine's token ids, from [`crate::tokenizer`]: a
+//! The events carry the engine's token ids, from [`kv_events::tokenizer`]: a
 //! gateway indexing a simulated pool must tokenize prompts with the same
 //! functions (`encode_chat` for chat messages as role/content turns,
 //! `encode_prompt` for completion prompts) to find the blocks.

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::Tier;
+use super::types::Tier;
 use crate::keys::BlockKey;
 
 /// One publisher's hold on one block.

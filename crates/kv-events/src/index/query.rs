@@ -6,11 +6,11 @@
 //! block found only offloaded ends the GPU run, and after it a block found
 //! only on the GPU ends the match.
 
-use super::PublisherId;
 use std::sync::Arc;
 
 use super::holders::{Holder, Holders};
 use super::state::PublisherState;
+use super::types::PublisherId;
 use crate::keys::BlockKey;
 
 /// Leading blocks of a prompt a publisher holds.

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use super::holders::{Holders, MixMap};
-use super::{PublisherId, PublisherStatus, Source, Tier};
+use super::types::{PublisherId, PublisherStatus, Source, Tier};
 use crate::keys::{self, BlockKey, KeyHasher};
 use crate::wire::{BlockRemoved, BlockStored, EventBatch, KvEvent, Value};
 

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use xxhash_rust::xxh3::xxh3_64;
 use zeromq::{Socket, SocketEvent, SocketOptions, SocketRecv, SubSocket};
 
-use super::SubscriberConfig;
+use super::config::SubscriberConfig;
 use super::replay::replay;
 use super::sequence::{Tracker, Verdict};
 use crate::index::{PublisherIndex, Source, Unsure};

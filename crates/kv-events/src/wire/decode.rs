@@ -3,7 +3,9 @@
 
 use rmpv::ValueRef;
 
-use super::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent, KvEventMessage, Value};
+use super::types::{
+    BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent, KvEventMessage, Value,
+};
 
 /// Why a message could not be read. A batch that fails is lost whole: the
 /// subscriber treats it as a gap.

@@ -6,7 +6,7 @@
 
 use rmpv::Value;
 
-use super::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent};
+use super::types::{BlockHash, BlockRemoved, BlockStored, EventBatch, KvEvent};
 
 /// Which of vLLM's two encodings to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

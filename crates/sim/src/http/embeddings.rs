@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use http::{Response, StatusCode};
 use hyper::body::Incoming;
+use kv_events::tokenizer;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -30,7 +31,6 @@ use super::openai::unix_now;
 use super::output::content_seed;
 use super::state::AppState;
 use crate::replica::Generation;
-use crate::tokenizer;
 
 /// Inputs accepted in one request (OpenAI's limit).
 pub const MAX_INPUTS: usize = 2048;

@@ -2,9 +2,8 @@
 //! reads, and the response, chunk and usage objects it writes.
 
 use bytes::Bytes;
+use kv_events::tokenizer::{self, ChatTurn};
 use serde::{Deserialize, Serialize};
-
-use crate::tokenizer::{self, ChatTurn};
 
 /// `POST /v1/chat/completions`. Fields the simulator does not model
 /// (temperature, tools, ...) are accepted and ignored.

@@ -87,7 +87,7 @@ pub fn plan(
 }
 
 /// Filler vocabulary, each word with its leading space and short enough to be
-/// one token for [`crate::tokenizer`].
+/// one token for [`kv_events::tokenizer`].
 const WORDS: [&str; 64] = [
     " the", " model", " answer", " is", " a", " system", " token", " of", " and", " to", " in",
     " that", " request", " with", " for", " this", " server", " batch", " cache", " on", " as",
@@ -147,7 +147,7 @@ mod tests {
     fn every_filler_word_is_one_token() {
         for word in WORDS {
             assert!(word.starts_with(' '));
-            assert_eq!(crate::tokenizer::count(word), 1, "{word:?}");
+            assert_eq!(kv_events::tokenizer::count(word), 1, "{word:?}");
         }
     }
 
@@ -216,6 +216,6 @@ mod tests {
         let text = Filler::new(3).text(12);
         assert_eq!(text.split(' ').count(), 12);
         assert!(!text.starts_with(' '));
-        assert_eq!(crate::tokenizer::count(&text), 12);
+        assert_eq!(kv_events::tokenizer::count(&text), 12);
     }
 }

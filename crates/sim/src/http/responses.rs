@@ -14,6 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Response, StatusCode};
 use hyper::body::Incoming;
+use kv_events::tokenizer::{self, ChatTurn};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -24,7 +25,6 @@ use super::output::Filler;
 use super::state::AppState;
 use crate::metrics::{FinishKind, FinishedTokens};
 use crate::replica::RequestEvent;
-use crate::tokenizer::{self, ChatTurn};
 
 /// The request fields the simulator reads; the rest (tools, reasoning,
 /// text format, ...) are accepted and ignored.
