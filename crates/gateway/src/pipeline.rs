@@ -512,8 +512,15 @@ async fn admit(
         || record.is_sampled()
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
     let runtime = route.pool.runtime();
-    let mut pick = runtime.pick_request(request, route.adapter.as_deref(), explain);
+    let adapter = route.adapter.as_deref();
+    let mut pick = runtime.pick_request(request, adapter, explain);
     pick.session = session;
+    // A pool that follows its engines' KV-cache events matches the prompt
+    // against what they hold; else (or when it cannot) the picker guesses.
+    pick.exact_prefix = runtime
+        .exact_prefix(&asked.body, request, adapter)
+        .instrument(stage_span!("match_prefix"))
+        .await;
     let admit_started = Instant::now();
     let admitted = runtime
         .admission()

@@ -24,6 +24,9 @@ struct Key {
     scheduling: config::EngineScheduling,
     served_model: String,
     adapters: Vec<String>,
+    /// The topic the replicas publish their KV-cache events under, when
+    /// the pool follows them.
+    kv_events: Option<String>,
 }
 
 /// Fleets for a config about to be applied: reused ones by position in
@@ -56,6 +59,8 @@ impl Fleets {
                 scheduling: scheduling(pool),
                 served_model: pool.base_model().to_owned(),
                 adapters: pool.adapters.clone(),
+                kv_events: (pool.prefix_cache.source == config::PrefixSource::Events)
+                    .then(|| pool.prefix_cache.topic.clone().unwrap_or_default()),
             };
             let planned = match self.running.iter().position(|r| r.key == key) {
                 Some(i) => Planned::Reused(i),
@@ -69,6 +74,19 @@ impl Fleets {
                 Planned::Started(r) => &r.fleet,
             };
             pool.endpoints = fleet.addrs().iter().map(ToString::to_string).collect();
+            // Every replica publishes on ports of its own.
+            for replica in fleet.replicas() {
+                let info = replica.info();
+                if let Some(endpoint) = &info.kv_events_endpoint {
+                    pool.prefix_cache.publishers.insert(
+                        info.addr.to_string(),
+                        config::Publisher {
+                            endpoint: endpoint.clone(),
+                            replay_endpoint: info.kv_events_replay_endpoint.clone(),
+                        },
+                    );
+                }
+            }
             plan.push(planned);
         }
         Ok(Prepared { plan })
@@ -90,12 +108,20 @@ impl Fleets {
 }
 
 async fn start(key: &Key) -> anyhow::Result<sim::Fleet> {
-    let fleet = fleet_spec(
+    let mut fleet = fleet_spec(
         &key.simulated,
         key.scheduling,
         &key.served_model,
         &key.adapters,
     );
+    // Free ports, a replay socket each: what a vLLM started with
+    // `--kv-events-config` and a replay endpoint publishes.
+    fleet.kv_events = key.kv_events.as_ref().map(|topic| sim::KvEventsSpec {
+        port: 0,
+        replay_port: Some(0),
+        topic: topic.clone(),
+        ..sim::KvEventsSpec::default()
+    });
     sim::start_fleet(fleet).await.map_err(|e| {
         anyhow::anyhow!(
             "pool {:?}: cannot start simulated replicas: {e:#}",

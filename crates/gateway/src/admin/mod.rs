@@ -104,6 +104,7 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
     let cfg = runtime.picker().config();
     let typical = typical_scores(pool, now);
     let prefix_index = runtime.picker().prefix_index();
+    let events = runtime.prefix_events();
     let endpoints: Vec<_> = runtime
         .picker()
         .endpoints()
@@ -141,6 +142,12 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "inflightTokens": e.load.tokens(),
                 "inflightUnanswered": e.load.unanswered(),
                 "prefixIndexBlocks": prefix_index.blocks_held(e.index),
+                "prefixSource": prefix_source(&events, e.index),
+                "kvEvents": events
+                    .iter()
+                    .filter(|p| p.id.replica == e.index as u64)
+                    .map(kv_events_json)
+                    .collect::<Vec<_>>(),
                 // null: not a candidate for the typical request (unhealthy,
                 // stale, unreachable or saturated). Absent: the pool's
                 // policy does not score.
@@ -174,6 +181,45 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
         },
         "queued": queued,
         "endpoints": endpoints,
+    })
+}
+
+/// Which index scores a replica's prefix: `events` while every rank's
+/// stream is in step, `unsure` while one is not (the guess answers), and
+/// `approximate` for a pool that does not follow events.
+fn prefix_source(events: &[kv_events::index::PublisherStatus], replica: usize) -> &'static str {
+    let mut ranks = events.iter().filter(|p| p.id.replica == replica as u64).peekable();
+    if ranks.peek().is_none() {
+        return "approximate";
+    }
+    if ranks.all(|p| p.source == kv_events::index::Source::Events) {
+        "events"
+    } else {
+        "unsure"
+    }
+}
+
+/// One rank's KV-events stream, as `/debug/pools` shows it.
+fn kv_events_json(p: &kv_events::index::PublisherStatus) -> Value {
+    json!({
+        "rank": p.id.rank,
+        "source": match p.source {
+            kv_events::index::Source::Events => "events".to_owned(),
+            kv_events::index::Source::Unsure(why) => format!("unsure: {why:?}"),
+        },
+        "connected": p.connected,
+        "gpuBlocks": p.gpu_blocks,
+        "offloadBlocks": p.offload_blocks,
+        "blockSize": p.block_size,
+        "lastSequence": p.last_sequence,
+        "batches": p.batches,
+        "events": p.events,
+        "unknownEvents": p.unknown_events,
+        "gaps": p.gaps,
+        "replays": p.replays,
+        "replayedBatches": p.replayed_batches,
+        "restarts": p.restarts,
+        "decodeErrors": p.decode_errors,
     })
 }
 

@@ -278,6 +278,7 @@ impl Runtimes {
 }
 
 pub mod pool;
+mod prefix_events;
 pub mod reload;
 
 #[cfg(test)]

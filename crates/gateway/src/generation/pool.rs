@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
+use super::prefix_events::{EventsSource, Subscriptions};
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
 use crate::inbound::parse::InferenceRequest;
@@ -40,6 +41,11 @@ pub struct Runtime {
     tls: Arc<ArcSwapOption<PoolTls>>,
     replicas: Mutex<Replicas>,
     dispatcher: JoinHandle<()>,
+    /// What the replicas' KV-cache events say they hold; empty unless the
+    /// pool follows them. Outlives generations, as the caches do.
+    prefix_index: Arc<kv_events::index::PoolIndex>,
+    /// How requests are matched against it, when the pool follows events.
+    events: ArcSwapOption<EventsSource>,
 }
 
 /// Who is in the pool, and what watches them.
@@ -59,6 +65,10 @@ struct Replicas {
     /// and a request's list of tried replicas never mistake a newcomer for
     /// a replica that left.
     next_id: usize,
+    /// The generation's `prefixCache` when it follows events.
+    prefix_events: Option<config::PrefixCache>,
+    /// One per replica while the pool follows events.
+    subscriptions: Subscriptions,
 }
 
 impl Runtime {
@@ -88,6 +98,8 @@ impl Runtime {
                 .collect(),
             tls,
             replicas: Mutex::default(),
+            prefix_index: kv_events::index::PoolIndex::new(),
+            events: ArcSwapOption::empty(),
         })
     }
 
@@ -159,7 +171,46 @@ impl Runtime {
             timeout: m.timeout(),
         };
         let tls_changed = self.set_tls(tls);
+        self.set_prefix_events(&spec.prefix_cache);
         self.reconcile(addrs, scrape, metrics, connect_timeout, tls_changed);
+    }
+
+    /// Follow the replicas' KV-cache events under `settings`, or stop.
+    fn set_prefix_events(&self, settings: &config::PrefixCache) {
+        let follow = (settings.source == config::PrefixSource::Events).then(|| settings.clone());
+        let mut replicas = self.replicas.lock();
+        if replicas.prefix_events == follow {
+            return;
+        }
+        self.events.store(follow.clone().map(|settings| {
+            Arc::new(EventsSource::new(Arc::clone(&self.prefix_index), settings))
+        }));
+        replicas.prefix_events = follow;
+    }
+
+    /// What each replica holds of `request`'s prompt as its engine's
+    /// events report it, when the pool follows them and the prompt can be
+    /// matched; else the picker guesses.
+    pub async fn exact_prefix(
+        &self,
+        body: &Bytes,
+        request: &InferenceRequest<'_>,
+        adapter: Option<&str>,
+    ) -> Option<Arc<dyn picker::ExactPrefix>> {
+        let events = self.events.load_full()?;
+        let replicas = self.picker.endpoints();
+        events
+            .match_request(body, adapter, request.prompt_tokens, &replicas)
+            .await
+    }
+
+    /// Each replica's KV-events stream, for `/debug/pools`; empty unless
+    /// the pool follows them.
+    pub fn prefix_events(&self) -> Vec<kv_events::index::PublisherStatus> {
+        match self.events.load().as_ref() {
+            Some(_) => self.prefix_index.statuses(),
+            None => Vec::new(),
+        }
     }
 
     /// Replicas whose metrics dialect is not the pool's `engine`, for the
@@ -245,8 +296,13 @@ impl Runtime {
             engines.get(addr).copied().unwrap_or(scrape.dialect)
         };
         let Replicas {
-            scrapers, engines, ..
+            scrapers,
+            engines,
+            prefix_events,
+            subscriptions,
+            ..
         } = &mut *replicas;
+        subscriptions.reconcile(&self.prefix_index, prefix_events.as_ref(), &endpoints);
         scrapers.retain(|addr, (_, dialect)| {
             endpoints.iter().any(|e| e.addr == *addr) && *dialect == dialect_of(engines, addr)
         });

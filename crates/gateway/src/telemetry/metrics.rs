@@ -128,6 +128,12 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrefixSourceLabels {
+    pool: Name,
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     pool: Name,
     priority: &'static str,
@@ -148,6 +154,7 @@ struct Families {
     retries: Family<PoolLabels, Counter>,
     pick_duration: HistogramFamily<PoolLabels>,
     pick_fallbacks: Family<PoolLabels, Counter>,
+    prefix_sources: Family<PrefixSourceLabels, Counter>,
     routing_decisions: Family<EndpointLabels, Counter>,
     scrape_errors: Family<EndpointLabels, Counter>,
     scrape_duration: HistogramFamily<EndpointLabels>,
@@ -183,6 +190,7 @@ impl Families {
             retries: Family::default(),
             pick_duration: Family::new_with_constructor(pick_histogram),
             pick_fallbacks: Family::default(),
+            prefix_sources: Family::default(),
             routing_decisions: Family::default(),
             scrape_errors: Family::default(),
             scrape_duration: Family::new_with_constructor(scrape_histogram),
@@ -264,6 +272,11 @@ impl Families {
             "infergate_pick_fallbacks",
             "Replicas chosen by least-request because no replica had fresh metrics",
             f.pick_fallbacks.clone(),
+        );
+        registry.register(
+            "infergate_prefix_source",
+            "Picks whose chosen replica's prefix affinity was scored by the engines' KV-cache events or by the gateway's guess",
+            f.prefix_sources.clone(),
         );
         registry.register(
             "infergate_routing_decisions",
@@ -554,11 +567,24 @@ impl Metrics {
             admission,
             uses_signals: picker.config().policy.uses_signals(),
         });
+        let prefix_sources = [
+            picker::PrefixSource::Approximate,
+            picker::PrefixSource::Events,
+        ]
+        .map(|source| {
+            f.prefix_sources
+                .get_or_create(&PrefixSourceLabels {
+                    pool: pool.clone(),
+                    source: source.as_str(),
+                })
+                .clone()
+        });
         PoolMetrics {
             pick_fallbacks: f
                 .pick_fallbacks
                 .get_or_create(&PoolLabels { pool: pool.clone() })
                 .clone(),
+            prefix_sources,
             name: pool,
             families: f.clone(),
             routes,
@@ -633,6 +659,9 @@ pub struct PoolMetrics {
     /// By endpoint index, for the membership the pool started with.
     endpoints: Vec<EndpointMetrics>,
     pick_fallbacks: Counter,
+    /// Picks by the source that scored the winner's prefix, approximate
+    /// then events.
+    prefix_sources: [Counter; 2],
 }
 
 impl PoolMetrics {
@@ -656,6 +685,11 @@ impl PoolMetrics {
         if decision.fallback {
             self.pick_fallbacks.inc();
         }
+        let source = match decision.prefix_source {
+            picker::PrefixSource::Approximate => 0,
+            picker::PrefixSource::Events => 1,
+        };
+        self.prefix_sources[source].inc();
         let endpoint = &*decision.endpoint;
         match self.endpoints.get(endpoint.index) {
             Some(m) if m.addr.as_str() == &*endpoint.addr => {
