@@ -34,7 +34,8 @@
 //!    keep the [`Subscription`](subscriber::Subscription) with the replica
 //!    and drop it when the replica leaves: its blocks leave the index.
 //! 3. Per request: the prompt's token ids as the engine sees them (for the
-//!    simulator, [`tokenizer::encode_chat`] or [`tokenizer::encode_prompt`]),
+//!    simulator, [`tokenizer::encode_chat`] or [`tokenizer::encode_prompt`],
+//!    or the replica's own `POST /tokenize`),
 //!    [`keys::prompt_keys`]`(&tokens, adapter, block_size)` with the
 //!    engines' block size (vLLM's default 16; each status reports the one
 //!    its engine uses), then [`PoolIndex::match_prefix`](index::PoolIndex::match_prefix)

@@ -77,13 +77,26 @@ pub struct ChatTurn<'a> {
 /// prompts pay too, and the fixed layout keeps shared conversation prefixes
 /// token-identical.
 pub fn encode_chat<'a>(turns: impl IntoIterator<Item = ChatTurn<'a>>) -> Vec<u32> {
+    encode_chat_template(turns, true)
+}
+
+/// [`encode_chat`] with the closing assistant header optional, as vLLM's
+/// `add_generation_prompt`: without it the ids end with the last message's
+/// `<|eot_id|>` (what `/tokenize` is asked for to count a conversation
+/// alone).
+pub fn encode_chat_template<'a>(
+    turns: impl IntoIterator<Item = ChatTurn<'a>>,
+    add_generation_prompt: bool,
+) -> Vec<u32> {
     let mut ids = vec![special::BEGIN_OF_TEXT];
     for turn in turns {
         push_header(turn.role, &mut ids);
         encode_into(turn.content, &mut ids);
         ids.push(special::END_OF_TURN);
     }
-    push_header("assistant", &mut ids);
+    if add_generation_prompt {
+        push_header("assistant", &mut ids);
+    }
     ids
 }
 
@@ -283,5 +296,22 @@ mod tests {
             },
         ]);
         assert_eq!(longer[..ids.len()], ids[..]);
+    }
+
+    #[test]
+    fn without_the_generation_prompt_the_ids_end_with_the_last_turn() {
+        let turns = [ChatTurn {
+            role: "user",
+            content: "Hi",
+        }];
+        let bare = encode_chat_template(turns, false);
+        let asking = encode_chat(turns);
+        assert_eq!(bare.last(), Some(&special::END_OF_TURN));
+        assert_eq!(asking[..bare.len()], bare[..]);
+        let mut header = vec![special::START_HEADER];
+        header.extend(encode("assistant"));
+        header.push(special::END_HEADER);
+        header.extend(encode("\n\n"));
+        assert_eq!(asking[bare.len()..], header[..]);
     }
 }

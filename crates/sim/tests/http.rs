@@ -817,6 +817,68 @@ async fn unknown_models_are_404_and_malformed_json_is_400() {
 }
 
 #[tokio::test]
+async fn tokenize_speaks_vllms_shapes_and_errors() {
+    let replica = replica(fast_spec()).await;
+    let http = Http::new(replica.local_addr());
+    let ids = |reply: &support::Reply| -> Vec<u64> {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        let body = reply.json();
+        assert_eq!(body["count"], body["tokens"].as_array().unwrap().len());
+        assert_eq!(body["max_model_len"], 131_072);
+        serde_json::from_value(body["tokens"].clone()).unwrap()
+    };
+
+    // A chat asks for the reply's header unless told not to.
+    let asking = ids(&http
+        .post_json("/tokenize", &chat("Hi there", json!({})))
+        .await);
+    let bare = ids(&http
+        .post_json(
+            "/tokenize",
+            &chat("Hi there", json!({"add_generation_prompt": false})),
+        )
+        .await);
+    assert!(bare.len() < asking.len(), "{bare:?} {asking:?}");
+    assert_eq!(asking[..bare.len()], bare[..]);
+    // A completion prompt: the begin-of-text id, then the text's; no model
+    // named means the base model.
+    let prompt = ids(&http
+        .post_json("/tokenize", &json!({"prompt": "Hi there"}))
+        .await);
+    assert_eq!(prompt[0], 128_000);
+    assert_eq!(prompt.len(), 3);
+    let given = ids(&http
+        .post_json("/tokenize", &json!({"model": MODEL, "prompt": [5, 6, 7]}))
+        .await);
+    assert_eq!(given, [5, 6, 7]);
+
+    let unknown = http
+        .post_json("/tokenize", &json!({"model": "gpt-4o", "prompt": "hi"}))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    assert_eq!(unknown.json()["error"]["param"], "model");
+    assert_eq!(unknown.json()["error"]["code"], 404);
+    for body in [
+        "not json",
+        "{\"model\": \"x\"",
+        "{\"model\": \"meta-llama/Llama-3.1-8B-Instruct\"}",
+        "{\"prompt\": 7}",
+        "{\"messages\": \"hi\"}",
+        "{\"prompt\": [\"one\", \"two\"]}",
+    ] {
+        let reply = http.post("/tokenize", body).await;
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}");
+        let error = &reply.json()["error"];
+        assert_eq!(error["type"], "BadRequestError", "{body}");
+        assert_eq!(error["code"], 400, "{body}");
+    }
+    assert_eq!(
+        http.get("/tokenize").await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+#[tokio::test]
 async fn metrics_follow_the_load() {
     // Two batch slots and a slow clock, so requests pile up in the queue.
     let spec = ReplicaSpec {

@@ -303,3 +303,94 @@ async fn a_replica_publishes_its_cache_over_zmq_and_replays_what_it_dropped() {
     assert!(matched.gpu >= 8, "{matched:?}");
     replica.crash().await;
 }
+
+/// The token ids `/tokenize` answers for a body are the ones the engine
+/// runs for the same body: its blocks, as published, carry exactly them,
+/// and the answer's `usage` counts as many.
+#[tokio::test]
+async fn tokenize_answers_the_ids_whose_blocks_the_engine_stores() {
+    let spec = ReplicaSpec {
+        time_scale: 200.0,
+        kv_events: Some(KvEventsSpec::default()),
+        ..ReplicaSpec::new("h100", "llama-3.1-8b")
+    };
+    let replica = replica(spec).await;
+    let http = Http::new(replica.local_addr());
+    let max_model_len = http.get("/v1/models").await.json()["data"][0]["max_model_len"].clone();
+    let chat = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You keep the harbour's ferry timetable. ".repeat(8)},
+            {"role": "user", "content": [{"type": "text", "text": "When does the last ferry leave?"}]},
+        ],
+        "max_tokens": 1,
+    });
+    let completion = json!({
+        "model": MODEL,
+        "prompt": "The lighthouse keeper counted the ships at dusk, ".repeat(9),
+        "max_tokens": 1,
+    });
+    for (path, body) in [
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", completion),
+    ] {
+        let tokenized = http.post_json("/tokenize", &body).await;
+        assert_eq!(tokenized.status, 200, "{}", tokenized.text());
+        let tokenized = tokenized.json();
+        let ids: Vec<u32> = serde_json::from_value(tokenized["tokens"].clone()).unwrap();
+        assert_eq!(tokenized["count"], ids.len(), "{path}");
+        assert_eq!(tokenized["max_model_len"], max_model_len, "{path}");
+
+        let answer = http.post_json(path, &body).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(answer.json()["usage"]["prompt_tokens"], ids.len(), "{path}");
+
+        // The full blocks of the prompt are stored; its partial last block
+        // is not, and output blocks only on preemption.
+        let full = ids.len() / 16 * 16;
+        assert!(full >= 64, "{path}: a prompt of {} tokens", ids.len());
+        let chains = stored_chains(&replica).await;
+        let longest = chains
+            .iter()
+            .filter(|chain| chain[..16] == ids[..16])
+            .max_by_key(|chain| chain.len())
+            .unwrap_or_else(|| panic!("{path}: no stored block starts the prompt"));
+        assert_eq!(longest[..], ids[..full], "{path}");
+    }
+    replica.crash().await;
+}
+
+/// Every block the replica has published as stored, as the tokens from the
+/// start of its sequence to its end (read back through the replay socket,
+/// so none can be missed).
+async fn stored_chains(replica: &sim::ReplicaHandle) -> Vec<Vec<u32>> {
+    // Publishes every change up to now, then waits until it is buffered.
+    replica.cached_blocks().await;
+    replica.kv_events_published().await;
+    let endpoint = replica.info().kv_events_replay_endpoint.clone().unwrap();
+    let batches = kv_events::subscriber::replay::replay(&endpoint, 0, Duration::from_secs(10))
+        .await
+        .expect("the replay answers");
+    let mut chains: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    for (_, payload) in batches {
+        for event in kv_events::wire::decode_batch(&payload).unwrap().events {
+            let KvEvent::BlockStored(stored) = event else {
+                continue;
+            };
+            let mut chain = match &stored.parent_block_hash {
+                None => Vec::new(),
+                Some(parent) => chains[&parent.id()].clone(),
+            };
+            let size = stored.block_size as usize;
+            for (hash, tokens) in stored
+                .block_hashes
+                .iter()
+                .zip(stored.token_ids.chunks_exact(size))
+            {
+                chain.extend_from_slice(tokens);
+                chains.insert(hash.id(), chain.clone());
+            }
+        }
+    }
+    chains.into_values().collect()
+}

@@ -8,6 +8,7 @@
 //! | `POST /v1/embeddings` | deterministic vectors, each input timed as a prefill in the engine |
 //! | `GET /v1/models` | the base model and loaded LoRA adapters |
 //! | `POST /v1/load_lora_adapter`, `POST /v1/unload_lora_adapter` | runtime LoRA, as vLLM |
+//! | `POST /tokenize` | a prompt's token ids as the engine gets them, as vLLM |
 //! | `GET /health` | 200, empty |
 //! | `GET /metrics` | Prometheus text in the replica's dialect |
 //! | `GET|POST /admin/faults`, `POST /admin/crash` | fault injection |
@@ -25,6 +26,7 @@ mod openai;
 mod output;
 mod responses;
 mod state;
+mod tokenize;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -121,6 +123,7 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
         (&Method::GET, "/v1/models") => models::list(&state),
         (&Method::POST, "/v1/load_lora_adapter") => models::load_adapter(state, body).await,
         (&Method::POST, "/v1/unload_lora_adapter") => models::unload_adapter(state, body).await,
+        (&Method::POST, "/tokenize") => tokenize::handle(&state, body).await,
         (&Method::GET, "/health") => body::empty(StatusCode::OK),
         (&Method::GET, "/metrics") => admin::metrics(&state).await,
         (&Method::GET, "/admin/faults") => admin::get_faults(&state),
@@ -137,7 +140,7 @@ async fn route(state: Arc<AppState>, request: Request<Incoming>) -> Response<Res
     }
 }
 
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 12] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/responses",
@@ -145,6 +148,7 @@ const ROUTES: [&str; 11] = [
     "/v1/models",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
+    "/tokenize",
     "/health",
     "/metrics",
     "/admin/faults",

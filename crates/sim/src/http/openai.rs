@@ -80,22 +80,27 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
+/// `POST /tokenize`, vLLM's two shapes in one: `messages` (with
+/// `add_generation_prompt`, true unless false) tokenizes a chat, else
+/// `prompt` a completion prompt. Other fields (`add_special_tokens`, ...)
+/// are accepted and ignored, as the generating endpoints ignore them, so
+/// the ids are always the ones a generation of the same body would use.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessage>>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub prompt: Option<Prompt>,
+}
+
 impl ChatCompletionRequest {
     /// The prompt's token ids after the chat template.
     pub fn prompt_tokens(&self) -> Vec<u32> {
-        let texts: Vec<(&str, String)> = self
-            .messages
-            .iter()
-            .map(|m| {
-                let content = m.content.as_ref().map(MessageContent::text);
-                (m.role.as_str(), content.unwrap_or_default())
-            })
-            .collect();
-        tokenizer::encode_chat(
-            texts
-                .iter()
-                .map(|(role, content)| ChatTurn { role, content }),
-        )
+        chat_tokens(&self.messages, true)
     }
 
     /// `max_completion_tokens`, else the deprecated `max_tokens`.
@@ -119,10 +124,37 @@ impl MessageContent {
     }
 }
 
+/// A conversation's token ids after the chat template: what the engine
+/// gets for a chat (with the generation prompt), and what `/tokenize`
+/// answers.
+pub fn chat_tokens(messages: &[ChatMessage], add_generation_prompt: bool) -> Vec<u32> {
+    let texts: Vec<(&str, String)> = messages
+        .iter()
+        .map(|m| {
+            let content = m.content.as_ref().map(MessageContent::text);
+            (m.role.as_str(), content.unwrap_or_default())
+        })
+        .collect();
+    tokenizer::encode_chat_template(
+        texts
+            .iter()
+            .map(|(role, content)| ChatTurn { role, content }),
+        add_generation_prompt,
+    )
+}
+
 impl CompletionRequest {
     /// The prompt's token ids; `Err` for batches of more than one prompt.
     pub fn prompt_tokens(&self) -> Result<Vec<u32>, String> {
-        match &self.prompt {
+        self.prompt.tokens()
+    }
+}
+
+impl Prompt {
+    /// The token ids the engine gets; `Err` for batches of more than one
+    /// prompt.
+    pub fn tokens(&self) -> Result<Vec<u32>, String> {
+        match self {
             Prompt::Text(text) => Ok(tokenizer::encode_prompt(text)),
             Prompt::Tokens(ids) => Ok(ids.clone()),
             Prompt::TextBatch(texts) if texts.len() == 1 => Ok(tokenizer::encode_prompt(&texts[0])),
