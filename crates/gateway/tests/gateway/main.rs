@@ -32,6 +32,7 @@ mod load_summary;
 mod mixed_fleet;
 mod observability;
 mod picking;
+mod prefix_events;
 mod proxy;
 mod reload;
 #[path = "../support/mod.rs"]
