@@ -226,8 +226,12 @@ impl Runtimes {
             runtime.set_engines(found.engines);
             let addrs = found.addrs;
             runtime.configure(p, &addrs, metrics, connect_timeout, tls);
-            let pool_metrics =
-                metrics.pool(p, runtime.picker(), Arc::clone(runtime.admission()) as _);
+            let pool_metrics = metrics.pool(
+                p,
+                runtime.picker(),
+                Arc::clone(runtime.admission()) as _,
+                Arc::clone(runtime.prefix_index()),
+            );
             by_name.insert(p.name.clone(), Arc::clone(&runtime));
             pools.push(Arc::new(Pool::new(runtime, pool_metrics, p)));
         }

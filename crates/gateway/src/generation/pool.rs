@@ -182,9 +182,11 @@ impl Runtime {
         if replicas.prefix_events == follow {
             return;
         }
-        self.events.store(follow.clone().map(|settings| {
-            Arc::new(EventsSource::new(Arc::clone(&self.prefix_index), settings))
-        }));
+        self.events.store(
+            follow.clone().map(|settings| {
+                Arc::new(EventsSource::new(Arc::clone(&self.prefix_index), settings))
+            }),
+        );
         replicas.prefix_events = follow;
     }
 
@@ -202,6 +204,12 @@ impl Runtime {
         events
             .match_request(body, adapter, request.prompt_tokens, &replicas)
             .await
+    }
+
+    /// The index of the replicas' KV-cache events (empty unless the pool
+    /// follows them).
+    pub fn prefix_index(&self) -> &Arc<kv_events::index::PoolIndex> {
+        &self.prefix_index
     }
 
     /// Each replica's KV-events stream, for `/debug/pools`; empty unless

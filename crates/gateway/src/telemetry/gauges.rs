@@ -36,6 +36,9 @@ pub(super) struct LivePool {
     /// Whether readiness needs fresh metrics (scored pools) or only a
     /// reachable replica.
     pub uses_signals: bool,
+    /// What the replicas' KV-cache events say; no publisher in it unless
+    /// the pool follows them.
+    pub prefix_index: Arc<kv_events::index::PoolIndex>,
 }
 
 #[derive(Debug)]
@@ -74,6 +77,13 @@ struct Row {
     resident: Vec<String>,
 }
 
+/// One replica rank's KV-events stream.
+struct KvRow {
+    pool: Name,
+    endpoint: String,
+    status: kv_events::index::PublisherStatus,
+}
+
 struct PoolRow {
     pool: Name,
     endpoints: usize,
@@ -84,6 +94,103 @@ struct PoolRow {
     queued: [(usize, u64); 3],
     dispatched: u64,
     abandoned: u64,
+}
+
+/// Every followed replica rank's stream, labelled by the replica's address.
+fn read_kv_events(pools: &[LivePool]) -> Vec<KvRow> {
+    let mut rows = Vec::new();
+    for pool in pools {
+        let endpoints = pool.picker.endpoints();
+        for status in pool.prefix_index.statuses() {
+            if let Some(e) = endpoints
+                .iter()
+                .find(|e| e.index as u64 == status.id.replica)
+            {
+                rows.push(KvRow {
+                    pool: pool.name.clone(),
+                    endpoint: e.addr.to_string(),
+                    status,
+                });
+            }
+        }
+    }
+    rows
+}
+
+fn kv_labels(r: &KvRow) -> Vec<(&'static str, String)> {
+    vec![
+        ("pool", r.pool.to_string()),
+        ("endpoint", r.endpoint.clone()),
+        ("rank", r.status.id.rank.to_string()),
+    ]
+}
+
+/// The KV-events streams' gauges and counters.
+fn encode_kv_events(e: &mut DescriptorEncoder, rows: &[KvRow]) -> std::fmt::Result {
+    gauge(
+        e,
+        "infergate_kv_events_in_step",
+        "1 while the gateway's index of the replica rank's KV cache follows every event since a known state (exact), 0 while unsure",
+        rows,
+        kv_labels,
+        |r| {
+            Some(i64::from(
+                r.status.source == kv_events::index::Source::Events,
+            ))
+        },
+    )?;
+    gauge(
+        e,
+        "infergate_kv_events_gpu_blocks",
+        "Blocks the replica rank's engine holds in GPU memory, as its events say",
+        rows,
+        kv_labels,
+        |r| Some(r.status.gpu_blocks as i64),
+    )?;
+    gauge(
+        e,
+        "infergate_kv_events_offload_blocks",
+        "Blocks the replica rank's engine holds in an offload tier, as its events say",
+        rows,
+        kv_labels,
+        |r| Some(r.status.offload_blocks as i64),
+    )?;
+    let counters: [(&str, &str, fn(&KvRow) -> u64); 6] = [
+        (
+            "infergate_kv_events_events",
+            "KV-cache events applied from the replica rank",
+            |r| r.status.events,
+        ),
+        (
+            "infergate_kv_events_unknown_events",
+            "KV-cache events of kinds the gateway does not know (ignored)",
+            |r| r.status.unknown_events,
+        ),
+        (
+            "infergate_kv_events_gaps",
+            "Holes in the replica rank's event sequence numbers",
+            |r| r.status.gaps,
+        ),
+        (
+            "infergate_kv_events_replays",
+            "Replays asked of the replica rank's replay socket",
+            |r| r.status.replays,
+        ),
+        (
+            "infergate_kv_events_restarts",
+            "Times the replica rank's event sequence went back (its engine restarted)",
+            |r| r.status.restarts,
+        ),
+        (
+            "infergate_kv_events_decode_errors",
+            "Event batches from the replica rank that could not be decoded",
+            |r| r.status.decode_errors,
+        ),
+    ];
+    for (name, help, value) in counters {
+        counter(e, name, help, rows, kv_labels, value)?;
+    }
+    Ok(())
 }
 
 fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
@@ -224,8 +331,13 @@ impl Collector for ServerGauges {
 
 impl Collector for LiveGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let (rows, pools) = read(&self.pools.read());
+        let (rows, pools, kv_rows) = {
+            let live = self.pools.read();
+            let (rows, pools) = read(&live);
+            (rows, pools, read_kv_events(&live))
+        };
         let e = &mut encoder;
+        encode_kv_events(e, &kv_rows)?;
         gauge(
             e,
             "infergate_endpoint_inflight",

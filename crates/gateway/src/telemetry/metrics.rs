@@ -525,6 +525,7 @@ impl Metrics {
         spec: &config::Pool,
         picker: &Arc<picker::Picker>,
         admission: Arc<dyn FlowGauges>,
+        prefix_index: Arc<kv_events::index::PoolIndex>,
     ) -> PoolMetrics {
         let pool = Name::new(spec.name.clone());
         let f = &self.families;
@@ -566,6 +567,7 @@ impl Metrics {
             picker: Arc::clone(picker),
             admission,
             uses_signals: picker.config().policy.uses_signals(),
+            prefix_index,
         });
         let prefix_sources = [
             picker::PrefixSource::Approximate,

@@ -113,7 +113,9 @@ async fn chat(gw: &Gateway, system: &str, question: &str) -> String {
         .to_owned()
 }
 
-async fn prefix_picks_by_events(gw: &Gateway) -> f64 {
+/// The value of the series of `family` whose labels include every one of
+/// `labels`, from the gateway's `/metrics`; 0 when there is none.
+async fn metric(gw: &Gateway, family: &str, labels: &[&str]) -> f64 {
     let url = format!("http://{}/metrics", gw.admin_addr().unwrap());
     let text = client()
         .get(url)
@@ -125,12 +127,15 @@ async fn prefix_picks_by_events(gw: &Gateway) -> f64 {
         .unwrap();
     text.lines()
         .find(|l| {
-            l.starts_with("infergate_prefix_source_total{")
-                && l.contains("pool=\"p\"")
-                && l.contains("source=\"events\"")
+            l.starts_with(&format!("{family}{{")) && labels.iter().all(|label| l.contains(label))
         })
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0.0)
+}
+
+async fn prefix_picks_by_events(gw: &Gateway) -> f64 {
+    let labels = ["pool=\"p\"", "source=\"events\""];
+    metric(gw, "infergate_prefix_source_total", &labels).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,4 +198,14 @@ async fn two_gateways_find_a_conversation_where_the_engine_holds_it() {
     );
     // A, too, sends the conversation where the engine holds it.
     assert_eq!(chat(&a, &system, "Is there parking?").await, holder);
+
+    // The streams, as Prometheus sees them.
+    let at_holder = format!("endpoint=\"{holder}\"");
+    let labels = ["pool=\"p\"", at_holder.as_str(), "rank=\"0\""];
+    assert_eq!(
+        metric(&b, "infergate_kv_events_in_step", &labels).await,
+        1.0
+    );
+    assert!(metric(&b, "infergate_kv_events_gpu_blocks", &labels).await >= 30.0);
+    assert!(metric(&b, "infergate_kv_events_events_total", &labels).await >= 1.0);
 }
