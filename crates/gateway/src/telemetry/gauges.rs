@@ -125,6 +125,9 @@ fn kv_labels(r: &KvRow) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A KV-events counter: its name, its help, and where a row keeps it.
+type KvCounter = (&'static str, &'static str, fn(&KvRow) -> u64);
+
 /// The KV-events streams' gauges and counters.
 fn encode_kv_events(e: &mut DescriptorEncoder, rows: &[KvRow]) -> std::fmt::Result {
     gauge(
@@ -155,7 +158,7 @@ fn encode_kv_events(e: &mut DescriptorEncoder, rows: &[KvRow]) -> std::fmt::Resu
         kv_labels,
         |r| Some(r.status.offload_blocks as i64),
     )?;
-    let counters: [(&str, &str, fn(&KvRow) -> u64); 6] = [
+    let counters: [KvCounter; 6] = [
         (
             "infergate_kv_events_events",
             "KV-cache events applied from the replica rank",
