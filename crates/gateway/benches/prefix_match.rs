@@ -35,7 +35,9 @@ fn body(tokens: usize) -> Value {
 fn store(p: &PublisherIndex, seq: u64, base: u64, tokens: &[u32]) {
     let blocks = tokens.len() / BLOCK as usize;
     let stored = BlockStored::new(
-        (0..blocks as u64).map(|i| BlockHash::Unsigned(base + i)).collect(),
+        (0..blocks as u64)
+            .map(|i| BlockHash::Unsigned(base + i))
+            .collect(),
         None,
         tokens[..blocks * BLOCK as usize].to_vec(),
         BLOCK,

@@ -188,7 +188,10 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
 /// stream is in step, `unsure` while one is not (the guess answers), and
 /// `approximate` for a pool that does not follow events.
 fn prefix_source(events: &[kv_events::index::PublisherStatus], replica: usize) -> &'static str {
-    let mut ranks = events.iter().filter(|p| p.id.replica == replica as u64).peekable();
+    let mut ranks = events
+        .iter()
+        .filter(|p| p.id.replica == replica as u64)
+        .peekable();
     if ranks.peek().is_none() {
         return "approximate";
     }
