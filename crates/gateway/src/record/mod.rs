@@ -57,6 +57,8 @@ pub struct Record {
     retries: u32,
     /// Winner's and runner-up's scores, when the pool scores replicas.
     decision: Option<TopScores>,
+    /// Which index scored the chosen replica's prefix affinity.
+    prefix_source: Option<picker::PrefixSource>,
     /// Flow-control band of the request, once admission has judged it.
     priority: Option<Priority>,
     /// Time spent waiting in flow control (zero when admitted at once).
@@ -117,6 +119,7 @@ impl Record {
             stream: false,
             retries: 0,
             decision: None,
+            prefix_source: None,
             priority: None,
             queue_wait: None,
             trace_id,
@@ -213,6 +216,7 @@ impl Record {
     pub fn picked(&mut self, decision: &Decision) {
         self.endpoint = Some(decision.endpoint.addr.clone());
         self.decision = decision.top;
+        self.prefix_source = decision.top.map(|_| decision.prefix_source);
         if let Some(feed) = &mut self.feed {
             feed.picked(decision);
         }

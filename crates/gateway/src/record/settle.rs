@@ -168,6 +168,7 @@ impl Record {
             queue_wait_ms = self.queue_wait.map(millis),
             retries = self.retries,
             decision = self.decision.map(DecisionSummary).map(tracing::field::display),
+            prefix_source = self.prefix_source.map(picker::PrefixSource::as_str),
             trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
             error = self.error.as_deref(),
         );

@@ -374,6 +374,7 @@ async fn the_access_log_has_one_line_per_request_with_its_fields() {
         "queue_wait_ms",
         "retries",
         "decision",
+        "prefix_source",
         "trace_id",
     ] {
         assert!(ok.get(field).is_some(), "no {field} in {ok}");
@@ -390,6 +391,7 @@ async fn the_access_log_has_one_line_per_request_with_its_fields() {
     assert_eq!(ok["priority"], "standard");
     // One scored candidate: its score, and no runner-up.
     assert!(ok["decision"].as_str().unwrap().ends_with(" alone"), "{ok}");
+    assert_eq!(ok["prefix_source"], "approximate", "the pool guesses");
     assert_eq!(ok["trace_id"].as_str().unwrap().len(), 32);
     assert!(ok.get("error").is_none(), "{ok}");
     let ttft = ok["ttft_ms"].as_f64().unwrap();
