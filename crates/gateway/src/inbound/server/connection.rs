@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
 use super::request::{Client, Request, WorkerId};
-use super::streams::Streams;
+use super::streams::{Expired, Streams};
 use crate::error::ApiError;
 use crate::headers::HEAD_LIMIT;
 use crate::inbound::drain::Watch;
@@ -150,21 +150,30 @@ pub async fn serve<I, H, F>(
     let io = TokioIo::new(SendTimeout::new(io, timeouts.send));
     let conn = builder.serve_connection(io, service);
     let mut conn = pin!(conn);
+    let expired = streams.expired(
+        Some(timeouts.header),
+        Some(timeouts.idle),
+        Some(timeouts.send),
+    );
+    // Biased: the connection first, as it is what wakes the task nearly
+    // every time, and no random draw per wake-up.
     let ended = tokio::select! {
+        biased;
         ended = conn.as_mut() => ended,
         () = watch.draining() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
-        () = streams.idle_for(timeouts.idle) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-        () = streams.none_within(timeouts.header) => {
-            tracing::debug!(%peer, timeout = ?timeouts.header, "no request in time; closing");
-            return;
-        }
-        () = streams.cut_stalled(timeouts.send) => unreachable!("watches for as long as the connection lives"),
+        expired = expired => match expired {
+            Expired::Idle => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+            Expired::NoRequest => {
+                tracing::debug!(%peer, timeout = ?timeouts.header, "no request in time; closing");
+                return;
+            }
+        },
     };
     if let Err(e) = ended {
         tracing::debug!(%peer, error = %e, "connection ended with an error");

@@ -3,6 +3,14 @@
 //! are open (for the idle timeout), and whether one's client has stopped
 //! taking its response.
 //!
+//! The connection's timeouts share one timer ([`Streams::expired`]), which
+//! wakes the connection only when one of them may be due (at least every
+//! quarter of the send timeout): a request opening or ending notifies
+//! nobody, it only updates counts (and, for the last one to end, the time
+//! the connection went idle). Waking the connection's watchers and
+//! re-arming a timer on every request was 4 % of a proxied request's
+//! instructions (docs/perf/overhead-proxy-cost.md).
+//!
 //! hyper asks a response body for more only when the client has room for
 //! it. The body of a stream whose client stopped reading is therefore
 //! never polled again and cannot notice by itself; its replica request
@@ -20,7 +28,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::BoxError;
@@ -31,7 +38,11 @@ pub(crate) struct Streams<B> {
     open: AtomicUsize,
     /// Streams ever opened.
     opened: AtomicUsize,
-    changed: Notify,
+    /// When the last open stream ended (or the connection opened): the
+    /// idle timeout runs from there. Written under the lock only by the
+    /// stream that leaves none open, so a reader sees the count and the
+    /// time agree.
+    idle_since: Mutex<Instant>,
     /// Response bodies being sent.
     sending: Mutex<Vec<Weak<Sending<B>>>>,
 }
@@ -41,10 +52,19 @@ impl<B> Default for Streams<B> {
         Self {
             open: AtomicUsize::new(0),
             opened: AtomicUsize::new(0),
-            changed: Notify::new(),
+            idle_since: Mutex::new(Instant::now()),
             sending: Mutex::new(Vec::new()),
         }
     }
+}
+
+/// Why a connection's wait ended ([`Streams::expired`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expired {
+    /// No request came within the first request's timeout.
+    NoRequest,
+    /// No stream was open for the idle timeout.
+    Idle,
 }
 
 impl<B> Streams<B> {
@@ -52,7 +72,6 @@ impl<B> Streams<B> {
     pub(crate) fn open(this: &Arc<Self>) -> Open<B> {
         this.open.fetch_add(1, Ordering::Relaxed);
         this.opened.fetch_add(1, Ordering::Relaxed);
-        this.changed.notify_waiters();
         Open(Arc::clone(this))
     }
 
@@ -78,68 +97,88 @@ impl<B> Streams<B> {
         }
     }
 
-    /// Completes if no stream opens within `timeout`; once one has, never.
-    pub(crate) async fn none_within(&self, timeout: Duration) {
-        let first = async {
-            loop {
-                let changed = self.changed.notified();
-                let mut changed = pin!(changed);
-                changed.as_mut().enable();
+    /// The connection's timeouts, on one timer: [`Expired::NoRequest`]
+    /// when no stream opened within `first`, [`Expired::Idle`] once no
+    /// stream has been open for `idle`; meanwhile, every quarter of `send`,
+    /// the body of any stream that handed out data and was not asked for
+    /// more within `send` is dropped (see the module's comment). A timeout
+    /// that is `None` does not apply; with neither of the first two, this
+    /// never completes.
+    pub(crate) async fn expired(
+        &self,
+        first: Option<Duration>,
+        idle: Option<Duration>,
+        send: Option<Duration>,
+    ) -> Expired {
+        let started = Instant::now();
+        let mut first = first.map(|t| started + t);
+        let mut next_look = send.map(|t| started + t / 4);
+        let sleep = tokio::time::sleep_until(started);
+        let mut sleep = pin!(sleep);
+        loop {
+            let now = Instant::now();
+            if let Some(at) = first {
                 if self.opened.load(Ordering::Relaxed) > 0 {
-                    return;
+                    first = None;
+                } else if now >= at {
+                    return Expired::NoRequest;
                 }
-                changed.await;
             }
-        };
-        if tokio::time::timeout(timeout, first).await.is_ok() {
-            std::future::pending::<()>().await;
+            let idle_at = match (idle, self.idle_since()) {
+                (Some(t), Some(since)) if now >= since + t => return Expired::Idle,
+                (Some(t), Some(since)) => Some(since + t),
+                // A stream is open: not idle before `t` from now.
+                (Some(t), None) => Some(now + t),
+                (None, _) => None,
+            };
+            if let (Some(timeout), Some(at)) = (send, next_look)
+                && now >= at
+            {
+                self.cut_stalled_now(now, timeout);
+                next_look = Some(now + timeout / 4);
+            }
+            // Streams open and close without telling this timer, so it
+            // looks again at the earliest time one of them may be due.
+            match [first, idle_at, next_look].into_iter().flatten().min() {
+                Some(at) => {
+                    sleep.as_mut().reset(at);
+                    sleep.as_mut().await;
+                }
+                None => std::future::pending().await,
+            }
         }
+    }
+
+    /// Since when no stream has been open; `None` while one is.
+    fn idle_since(&self) -> Option<Instant> {
+        let since = self.idle_since.lock();
+        (self.open.load(Ordering::Relaxed) == 0).then_some(*since)
     }
 
     /// Completes once no stream has been open for `timeout`.
+    #[cfg(test)]
     pub(crate) async fn idle_for(&self, timeout: Duration) {
-        loop {
-            let changed = self.changed.notified();
-            let mut changed = pin!(changed);
-            // Registered before the count is read: no change is missed.
-            changed.as_mut().enable();
-            if self.open.load(Ordering::Relaxed) > 0 {
-                changed.await;
-                continue;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(timeout) => return,
-                () = changed => {}
-            }
-        }
+        self.expired(None, Some(timeout), None).await;
     }
 
     /// Drop the body of any stream that handed out data and was not asked
-    /// for more within `timeout`, looking every quarter of it while a
-    /// stream is open. Never completes.
+    /// for more within `timeout`, looking every quarter of it. Never
+    /// completes.
+    #[cfg(test)]
     pub(crate) async fn cut_stalled(&self, timeout: Duration) {
-        loop {
-            loop {
-                let changed = self.changed.notified();
-                let mut changed = pin!(changed);
-                changed.as_mut().enable();
-                if self.open.load(Ordering::Relaxed) > 0 {
-                    break;
+        self.expired(None, None, Some(timeout)).await;
+    }
+
+    fn cut_stalled_now(&self, now: Instant, timeout: Duration) {
+        self.sending
+            .lock()
+            .retain(|sending| match sending.upgrade() {
+                Some(sending) => {
+                    sending.cut_if_stalled(now, timeout);
+                    true
                 }
-                changed.await;
-            }
-            tokio::time::sleep(timeout / 4).await;
-            let now = Instant::now();
-            self.sending
-                .lock()
-                .retain(|sending| match sending.upgrade() {
-                    Some(sending) => {
-                        sending.cut_if_stalled(now, timeout);
-                        true
-                    }
-                    None => false,
-                });
-        }
+                None => false,
+            });
     }
 }
 
@@ -147,8 +186,10 @@ pub(crate) struct Open<B>(Arc<Streams<B>>);
 
 impl<B> Drop for Open<B> {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-        self.0.changed.notify_waiters();
+        let mut since = self.0.idle_since.lock();
+        if self.0.open.fetch_sub(1, Ordering::Relaxed) == 1 {
+            *since = Instant::now();
+        }
     }
 }
 
