@@ -108,6 +108,48 @@ fn listener_tls(
         .transpose()
 }
 
+/// What every listener is served with.
+struct Serving<'a> {
+    state: &'a Arc<State>,
+    workers: &'a Arc<Workers>,
+    stop: &'a watch::Receiver<bool>,
+    drain: &'a Arc<Drain>,
+    timeouts: server::Timeouts,
+}
+
+impl Serving<'_> {
+    /// Bind `address` and serve it with `handler`: its accept loop and the
+    /// address it got.
+    async fn listen<H, F>(
+        &self,
+        name: &str,
+        address: &str,
+        tls: Option<&config::ListenerTls>,
+        slots: server::ConnectionSlots,
+        handler: H,
+    ) -> anyhow::Result<(JoinHandle<()>, SocketAddr)>
+    where
+        H: Fn(server::WorkerId, server::Request) -> F + Clone + Send + Sync + 'static,
+        F: std::future::Future<Output = http::Response<outbound::response_body::ResponseBody>>
+            + Send
+            + 'static,
+    {
+        let tls = listener_tls(name, tls, self.state)?;
+        let (listener, addr) = server::bind(address).await?;
+        let accept = server::serve(
+            listener,
+            Arc::clone(self.workers),
+            handler,
+            self.stop.clone(),
+            Arc::clone(self.drain),
+            self.timeouts,
+            slots,
+            tls,
+        );
+        Ok((accept, addr))
+    }
+}
+
 impl Gateway {
     /// Start every listener and every pool's scrapers. The config must
     /// already be validated.
@@ -126,41 +168,33 @@ impl Gateway {
             spec.limits.max_connections_per_client,
         );
         watch_server(&state, &slots, &workers);
-        let timeouts = server::Timeouts::new(spec.limits.header_timeout());
+        let serving = Serving {
+            state: &state,
+            workers: &workers,
+            stop: &stop_rx,
+            drain: &drain,
+            timeouts: server::Timeouts::new(spec.limits.header_timeout()),
+        };
         for l in &spec.listeners {
-            let tls = listener_tls(&l.name, l.tls.as_ref(), &state)?;
-            let (listener, addr) = server::bind(&l.address).await?;
             let st = Arc::clone(&state);
             let handler = move |worker, req| pipeline::handle(Arc::clone(&st), worker, req);
-            accept_loops.push(server::serve(
-                listener,
-                Arc::clone(&workers),
-                handler,
-                stop_rx.clone(),
-                Arc::clone(&drain),
-                timeouts,
-                slots.clone(),
-                tls,
-            ));
+            let tls = l.tls.as_ref();
+            let (accept, addr) = serving
+                .listen(&l.name, &l.address, tls, slots.clone(), handler)
+                .await?;
+            accept_loops.push(accept);
             tracing::info!(listener = %l.name, %addr, tls = l.tls.is_some(), "listening");
             listeners.push((l.name.clone(), addr));
         }
         let admin = match &spec.admin {
             Some(a) => {
-                let tls = listener_tls("admin", a.tls.as_ref(), &state)?;
-                let (listener, addr) = server::bind(&a.address).await?;
                 let st = Arc::clone(&state);
                 let handler = move |_, req| admin::handle(Arc::clone(&st), req);
-                accept_loops.push(server::serve(
-                    listener,
-                    Arc::clone(&workers),
-                    handler,
-                    stop_rx.clone(),
-                    Arc::clone(&drain),
-                    timeouts,
-                    server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS, None),
-                    tls,
-                ));
+                let slots = server::ConnectionSlots::new(ADMIN_MAX_CONNECTIONS, None);
+                let (accept, addr) = serving
+                    .listen("admin", &a.address, a.tls.as_ref(), slots, handler)
+                    .await?;
+                accept_loops.push(accept);
                 tracing::info!(%addr, tls = a.tls.is_some(), "admin listening");
                 Some(addr)
             }
