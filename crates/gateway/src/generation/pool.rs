@@ -171,22 +171,21 @@ impl Runtime {
             timeout: m.timeout(),
         };
         let tls_changed = self.set_tls(tls);
-        self.set_prefix_events(&spec.prefix_cache);
+        self.set_prefix_events(&spec.prefix_cache, metrics);
         self.reconcile(addrs, scrape, metrics, connect_timeout, tls_changed);
     }
 
     /// Follow the replicas' KV-cache events under `settings`, or stop.
-    fn set_prefix_events(&self, settings: &config::PrefixCache) {
+    fn set_prefix_events(&self, settings: &config::PrefixCache, metrics: &Metrics) {
         let follow = (settings.source == config::PrefixSource::Events).then(|| settings.clone());
         let mut replicas = self.replicas.lock();
         if replicas.prefix_events == follow {
             return;
         }
-        self.events.store(
-            follow.clone().map(|settings| {
-                Arc::new(EventsSource::new(Arc::clone(&self.prefix_index), settings))
-            }),
-        );
+        self.events.store(follow.clone().map(|settings| {
+            let index = Arc::clone(&self.prefix_index);
+            Arc::new(EventsSource::new(index, settings, &self.name, metrics))
+        }));
         replicas.prefix_events = follow;
     }
 

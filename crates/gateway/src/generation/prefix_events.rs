@@ -33,10 +33,58 @@ pub struct EventsSource {
     client: reqwest::Client,
     /// Which replica tokenizes next: turns spread the work.
     next: AtomicUsize,
+    unmatched: Unmatched,
+}
+
+/// Why a request's prompt was not matched, counted
+/// (`infergate_prefix_unmatched_total`).
+#[derive(Clone, Copy)]
+enum Why {
+    /// No replica has published a stored block yet.
+    NoEvents,
+    /// Shorter than one block.
+    ShortPrompt,
+    /// A body with no messages or text prompt to tokenize.
+    NoPrompt,
+    /// No reachable replica, or none tokenized it in time.
+    NotTokenized,
+}
+
+impl Why {
+    const ALL: [Why; 4] = [
+        Why::NoEvents,
+        Why::ShortPrompt,
+        Why::NoPrompt,
+        Why::NotTokenized,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Why::NoEvents => "no-events",
+            Why::ShortPrompt => "short-prompt",
+            Why::NoPrompt => "no-prompt",
+            Why::NotTokenized => "not-tokenized",
+        }
+    }
+}
+
+/// One counter per [`Why`], in its order.
+struct Unmatched([prometheus_client::metrics::counter::Counter; 4]);
+
+impl Unmatched {
+    fn count(&self, why: Why) -> Option<Arc<dyn ExactPrefix>> {
+        self.0[why as usize].inc();
+        None
+    }
 }
 
 impl EventsSource {
-    pub fn new(index: Arc<PoolIndex>, settings: config::PrefixCache) -> Self {
+    pub fn new(
+        index: Arc<PoolIndex>,
+        settings: config::PrefixCache,
+        pool: &str,
+        metrics: &crate::telemetry::Metrics,
+    ) -> Self {
         let client = reqwest::Client::builder()
             .timeout(settings.tokenize_timeout())
             .build()
@@ -46,6 +94,7 @@ impl EventsSource {
             settings,
             client,
             next: AtomicUsize::new(0),
+            unmatched: Unmatched(Why::ALL.map(|why| metrics.prefix_unmatched(pool, why.as_str()))),
         }
     }
 
@@ -60,14 +109,21 @@ impl EventsSource {
     ) -> Option<Arc<dyn ExactPrefix>> {
         // Nothing stored yet, nowhere to match; a prompt of less than a
         // block has no block to find.
-        let block_size = self.index.block_size()?;
+        let Some(block_size) = self.index.block_size() else {
+            return self.unmatched.count(Why::NoEvents);
+        };
         if estimated_prompt_tokens < u64::from(block_size) {
-            return None;
+            return self.unmatched.count(Why::ShortPrompt);
         }
-        let tokens = self.tokenize(body, replicas).await?;
+        let Some(request) = tokenize_request(body) else {
+            return self.unmatched.count(Why::NoPrompt);
+        };
+        let Some(tokens) = self.tokenize(&request, replicas).await else {
+            return self.unmatched.count(Why::NotTokenized);
+        };
         let keys = kv_events::keys::prompt_keys(&tokens, adapter, block_size);
         if keys.is_empty() {
-            return None;
+            return self.unmatched.count(Why::ShortPrompt);
         }
         Some(Arc::new(EventMatches {
             matches: self.index.match_prefix(&keys),
@@ -77,15 +133,14 @@ impl EventsSource {
 
     /// The prompt's token ids from one reachable replica's tokenizer
     /// endpoint, the replicas taking turns.
-    async fn tokenize(&self, body: &Bytes, replicas: &[Arc<Endpoint>]) -> Option<Vec<u32>> {
+    async fn tokenize(&self, request: &Value, replicas: &[Arc<Endpoint>]) -> Option<Vec<u32>> {
         let reachable: Vec<&Arc<Endpoint>> = replicas.iter().filter(|e| e.is_reachable()).collect();
         if reachable.is_empty() {
             return None;
         }
         let replica = reachable[self.next.fetch_add(1, Ordering::Relaxed) % reachable.len()];
-        let request = tokenize_request(body)?;
         let url = replica_url(&replica.addr, self.settings.tokenize_path());
-        let answer = self.client.post(url).json(&request).send().await;
+        let answer = self.client.post(url).json(request).send().await;
         let tokens = match answer {
             Ok(answer) if answer.status().is_success() => answer.json::<Tokenized>().await,
             Ok(answer) => {

@@ -128,6 +128,12 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PrefixUnmatchedLabels {
+    pool: Name,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PrefixSourceLabels {
     pool: Name,
     source: &'static str,
@@ -155,6 +161,7 @@ struct Families {
     pick_duration: HistogramFamily<PoolLabels>,
     pick_fallbacks: Family<PoolLabels, Counter>,
     prefix_sources: Family<PrefixSourceLabels, Counter>,
+    prefix_unmatched: Family<PrefixUnmatchedLabels, Counter>,
     routing_decisions: Family<EndpointLabels, Counter>,
     scrape_errors: Family<EndpointLabels, Counter>,
     scrape_duration: HistogramFamily<EndpointLabels>,
@@ -191,6 +198,7 @@ impl Families {
             pick_duration: Family::new_with_constructor(pick_histogram),
             pick_fallbacks: Family::default(),
             prefix_sources: Family::default(),
+            prefix_unmatched: Family::default(),
             routing_decisions: Family::default(),
             scrape_errors: Family::default(),
             scrape_duration: Family::new_with_constructor(scrape_histogram),
@@ -272,6 +280,11 @@ impl Families {
             "infergate_pick_fallbacks",
             "Replicas chosen by least-request because no replica had fresh metrics",
             f.pick_fallbacks.clone(),
+        );
+        registry.register(
+            "infergate_prefix_unmatched",
+            "Requests to a pool that follows KV-cache events whose prompt was not matched against them, by reason; their prefix is guessed",
+            f.prefix_unmatched.clone(),
         );
         registry.register(
             "infergate_prefix_source",
@@ -471,6 +484,18 @@ impl Metrics {
     /// Counts admissions the rate-limit backend did not answer.
     pub fn limit_backend_errors(&self) -> Counter {
         self.families.limit_backend_errors.clone()
+    }
+
+    /// Counts requests of pool `name` whose prompt was not matched against
+    /// the engines' KV-cache events, by reason.
+    pub fn prefix_unmatched(&self, name: &str, reason: &'static str) -> Counter {
+        self.families
+            .prefix_unmatched
+            .get_or_create(&PrefixUnmatchedLabels {
+                pool: Name::new(name.to_owned()),
+                reason,
+            })
+            .clone()
     }
 
     /// The pick-time histogram of pool `name` (flow control times picks).

@@ -172,6 +172,12 @@ async fn two_gateways_find_a_conversation_where_the_engine_holds_it() {
     // publishes the blocks it now holds.
     let system = "You are the support assistant of a large hardware store. ".repeat(60);
     let holder = chat(&a, &system, "Where are the screws?").await;
+    // Nothing was stored anywhere before it: its prefix was guessed.
+    let no_events = ["pool=\"p\"", "reason=\"no-events\""];
+    assert_eq!(
+        metric(&a, "infergate_prefix_unmatched_total", &no_events).await,
+        1.0
+    );
     for gw in [&a, &b] {
         poll_until(
             Duration::from_secs(20),
@@ -198,6 +204,14 @@ async fn two_gateways_find_a_conversation_where_the_engine_holds_it() {
     );
     // A, too, sends the conversation where the engine holds it.
     assert_eq!(chat(&a, &system, "Is there parking?").await, holder);
+
+    // A prompt shorter than a block is not matched, and says why.
+    chat(&b, "Hi.", "Hello?").await;
+    let short = ["pool=\"p\"", "reason=\"short-prompt\""];
+    assert_eq!(
+        metric(&b, "infergate_prefix_unmatched_total", &short).await,
+        1.0
+    );
 
     // The streams, as Prometheus sees them.
     let at_holder = format!("endpoint=\"{holder}\"");
