@@ -18,15 +18,6 @@
 //!   A response body dropped before its end (the client went away, an
 //!   error) drops its connection instead of returning it: the replica sees
 //!   the connection close and stops generating.
-//! - **No task per HTTP/1.1 connection**: hyper's connection (the future
-//!   that reads and writes the socket) is driven by whoever holds it: the
-//!   request while it waits for the response head, then its response body
-//!   as it is read. A request therefore wakes once when its replica
-//!   answers, rather than waking the connection's task, which then woke
-//!   the request. An idle connection in the pool is driven by nobody: a
-//!   replica's close is seen when the connection is next taken, and the
-//!   request goes on a fresh one (below). h2c connections, shared by
-//!   concurrent requests, keep a task each.
 //! - **h2c**: requests to a replica share one connection, multiplexed;
 //!   nothing is checked out or returned. Requests that find no connection
 //!   while one is being opened wait for that one instead of each opening
@@ -67,7 +58,6 @@ use futures_util::future::{BoxFuture, Shared as SharedFuture};
 use http_body::{Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::TrySendError;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use parking_lot::Mutex;
@@ -83,14 +73,6 @@ use crate::tls::client::PoolTls;
 type SendRequest1 = http1::SendRequest<Full<Bytes>>;
 type SendRequest2 = http2::SendRequest<Full<Bytes>>;
 type Outbound = http::Request<Full<Bytes>>;
-
-/// A replica's socket: plain TCP, or TLS over it.
-trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
-
-/// hyper's HTTP/1.1 connection, the future that does its I/O. Boxed, so
-/// that moving a connection in and out of the pool moves a pointer.
-type Connection1 = Pin<Box<http1::Connection<TokioIo<Box<dyn Stream>>, Full<Bytes>>>>;
 
 /// Most header fields in a replica's response head.
 const MAX_HEADERS: usize = 100;
@@ -163,7 +145,7 @@ struct State {
 struct Replica {
     /// HTTP/1.1 connections waiting for a request, least recently used
     /// first.
-    idle: VecDeque<Idle<H1>>,
+    idle: VecDeque<Idle<SendRequest1>>,
     /// h2c connections, each shared by any number of requests; the last is
     /// the one in use.
     shared: Vec<Idle<SendRequest2>>,
@@ -283,31 +265,34 @@ impl Connections {
         outbound: Outbound,
         replica: usize,
     ) -> Result<Response, (Error, Option<Outbound>)> {
-        match conn {
-            Conn::H1(mut h1) => {
+        let sent = match conn {
+            Conn::H1(mut sender, tls) => {
                 // A connection whose last response just ended may need a
                 // moment to be ready again; one that closed never will.
-                if let Err(e) = std::future::poll_fn(|cx| h1.poll_ready(cx)).await {
+                if let Err(e) = sender.ready().await {
                     return Err((Error::Unsent(e), Some(outbound)));
                 }
-                let sent = h1.sender.try_send_request(outbound);
-                let mut sent = std::pin::pin!(sent);
-                // The request's own task drives the connection until the
-                // response head is in.
-                let resp = std::future::poll_fn(|cx| {
-                    h1.drive(cx);
-                    sent.as_mut().poll(cx)
-                })
-                .await
-                .map_err(unsent)?;
-                let (head, inner) = resp.into_parts();
                 let reuse = Reuse {
                     shared: Arc::clone(&self.shared),
                     replica,
+                    tls,
                 };
-                let mut body = Body::H1 {
-                    inner,
-                    conn: Some((h1, reuse)),
+                sender
+                    .try_send_request(outbound)
+                    .await
+                    .map(|resp| (resp, Some((sender, reuse))))
+            }
+            Conn::H2(mut sender) => sender.try_send_request(outbound).await.map(|r| (r, None)),
+        };
+        match sent {
+            Ok((resp, conn)) => {
+                let (head, inner) = resp.into_parts();
+                let mut body = match conn {
+                    Some(conn) => Body::H1 {
+                        inner,
+                        conn: Some(conn),
+                    },
+                    None => Body::H2(inner),
                 };
                 body.hand_back_if_done();
                 Ok(Response {
@@ -316,14 +301,15 @@ impl Connections {
                     body,
                 })
             }
-            Conn::H2(mut sender) => {
-                let resp = sender.try_send_request(outbound).await.map_err(unsent)?;
-                let (head, inner) = resp.into_parts();
-                Ok(Response {
-                    status: head.status,
-                    headers: head.headers,
-                    body: Body::H2(inner),
-                })
+            Err(mut e) => {
+                let unsent = e.take_message();
+                let error = e.into_error();
+                let error = if unsent.is_some() {
+                    Error::Unsent(error)
+                } else {
+                    Error::Sent(error)
+                };
+                Err((error, unsent))
             }
         }
     }
@@ -340,7 +326,9 @@ impl Connections {
 
     async fn connect(&self, addr: &str, replica: usize) -> Result<Conn, Error> {
         match self.shared.settings.protocol {
-            config::Protocol::Http1 => open_h1(&self.shared.settings, addr).await.map(Conn::H1),
+            config::Protocol::Http1 => open_h1(&self.shared.settings, addr)
+                .await
+                .map(|(sender, tls)| Conn::H1(sender, tls)),
             config::Protocol::H2c => self
                 .shared
                 .opening(addr, replica)
@@ -405,12 +393,18 @@ async fn dial(settings: &Settings, addr: &str) -> Result<Dialled, Error> {
     Ok(Dialled::Tls(Box::new(shaken), tls.id))
 }
 
-/// An HTTP/1.1 connection to `addr`, driven by whoever uses it.
-async fn open_h1(settings: &Settings, addr: &str) -> Result<H1, Error> {
-    let (io, tls): (Box<dyn Stream>, TlsId) = match dial(settings, addr).await? {
-        Dialled::Plain(stream) => (Box::new(stream), 0),
-        Dialled::Tls(stream, tls) => (stream, tls),
-    };
+/// An HTTP/1.1 connection to `addr`, its task running.
+async fn open_h1(settings: &Settings, addr: &str) -> Result<(SendRequest1, TlsId), Error> {
+    match dial(settings, addr).await? {
+        Dialled::Plain(stream) => Ok((handshake_h1(addr, stream).await?, 0)),
+        Dialled::Tls(stream, tls) => Ok((handshake_h1(addr, stream).await?, tls)),
+    }
+}
+
+async fn handshake_h1<I>(addr: &str, io: I) -> Result<SendRequest1, Error>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, conn) = http1::Builder::new()
         .max_header_size(HEAD_LIMIT)
         .max_headers(MAX_HEADERS)
@@ -420,59 +414,8 @@ async fn open_h1(settings: &Settings, addr: &str) -> Result<H1, Error> {
             addr: addr.to_owned(),
             source,
         })?;
-    Ok(H1 {
-        sender,
-        conn: Some(Box::pin(conn)),
-        tls,
-    })
-}
-
-/// An HTTP/1.1 connection: hyper's handle to send on it and the
-/// connection itself, which whoever holds this drives.
-pub struct H1 {
-    sender: SendRequest1,
-    /// `None` once the connection has ended.
-    conn: Option<Connection1>,
-    tls: TlsId,
-}
-
-impl H1 {
-    /// Do the connection's pending reads and writes. A connection that
-    /// ends is dropped at once: a request hyper had not taken yet then
-    /// comes back unsent.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        if let Some(conn) = &mut self.conn
-            && let Poll::Ready(ended) = conn.as_mut().poll(cx)
-        {
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "upstream connection ended with an error");
-            }
-            self.conn = None;
-        }
-    }
-
-    /// Ready for a request, the connection driven meanwhile.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<hyper::Result<()>> {
-        self.drive(cx);
-        self.sender.poll_ready(cx)
-    }
-
-    /// Whether it may carry another request.
-    fn is_open(&self) -> bool {
-        self.conn.is_some() && !self.sender.is_closed()
-    }
-}
-
-/// A request hyper handed back: sent if hyper kept any of it.
-fn unsent(mut e: TrySendError<Outbound>) -> (Error, Option<Outbound>) {
-    let unsent = e.take_message();
-    let error = e.into_error();
-    let error = if unsent.is_some() {
-        Error::Unsent(error)
-    } else {
-        Error::Sent(error)
-    };
-    (error, unsent)
+    tokio::spawn(drive(conn));
+    Ok(sender)
 }
 
 /// An HTTP/2 connection to `addr` (h2c, or h2 over TLS), its task running.
@@ -498,7 +441,7 @@ where
 }
 
 /// Run an h2c connection until it closes; the replica's side of any error is
-/// seen by the requests that were using it.
+/// seen by the request that was using it.
 async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "upstream connection ended with an error");
@@ -507,7 +450,7 @@ async fn drive<C: Future<Output = hyper::Result<()>>>(conn: C) {
 
 /// A connection taken for one request.
 enum Conn {
-    H1(H1),
+    H1(SendRequest1, TlsId),
     H2(SendRequest2),
 }
 
@@ -530,8 +473,8 @@ impl Shared {
             config::Protocol::Http1 => loop {
                 match r.idle.pop_back() {
                     Some(idle) => {
-                        if idle.conn.is_open() && self.settings.current(idle.tls) {
-                            break Some(Conn::H1(idle.conn));
+                        if !idle.conn.is_closed() && self.settings.current(idle.tls) {
+                            break Some(Conn::H1(idle.conn, idle.tls));
                         }
                     }
                     None => break None,
@@ -590,14 +533,12 @@ impl Shared {
     }
 
     /// An HTTP/1.1 connection whose response was read to its end; dropped
-    /// (closed) instead when it ended or its TLS settings were replaced
-    /// meanwhile.
-    fn put_back(self: &Arc<Self>, replica: usize, conn: H1) {
-        if !conn.is_open() || !self.settings.current(conn.tls) {
+    /// (closed) instead when its TLS settings were replaced meanwhile.
+    fn put_back(self: &Arc<Self>, replica: usize, conn: SendRequest1, tls: TlsId) {
+        if !self.settings.current(tls) {
             return;
         }
         let now = Instant::now();
-        let tls = conn.tls;
         let mut state = self.state.lock();
         state.replicas[replica].idle.push_back(Idle {
             conn,
@@ -636,9 +577,9 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
             while r
                 .idle
                 .front()
-                .is_some_and(|i| i.since + timeout <= now || !i.conn.is_open())
+                .is_some_and(|i| i.since + timeout <= now || i.conn.is_closed())
             {
-                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn)));
+                expired.extend(r.idle.pop_front().map(|i| Conn::H1(i.conn, i.tls)));
             }
             r.shared
                 .retain(|i| i.since + timeout > now && !i.conn.is_closed());
@@ -668,14 +609,13 @@ async fn reap(shared: Weak<Shared>, mut deadline: Instant) {
 
 /// A replica's response body. Read to its end, it hands its HTTP/1.1
 /// connection back to the pool; dropped before, it drops the connection,
-/// which closes it. Until then it drives the connection, which reads what
-/// it is read.
+/// which closes it.
 pub enum Body {
     H1 {
         inner: Incoming,
         /// The connection and where it goes back to; `None` once handed
         /// back, or once the body failed.
-        conn: Option<(H1, Reuse)>,
+        conn: Option<(SendRequest1, Reuse)>,
     },
     H2(Incoming),
 }
@@ -683,6 +623,7 @@ pub enum Body {
 pub struct Reuse {
     shared: Arc<Shared>,
     replica: usize,
+    tls: TlsId,
 }
 
 impl std::fmt::Debug for Body {
@@ -703,9 +644,9 @@ impl Body {
     fn hand_back_if_done(&mut self) {
         if let Body::H1 { inner, conn } = self
             && http_body::Body::is_end_stream(inner)
-            && let Some((h1, reuse)) = conn.take()
+            && let Some((sender, reuse)) = conn.take()
         {
-            reuse.shared.put_back(reuse.replica, h1);
+            reuse.shared.put_back(reuse.replica, sender, reuse.tls);
         }
     }
 }
@@ -720,17 +661,14 @@ impl http_body::Body for Body {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = match &mut *self {
             Body::H1 { inner, conn } => {
-                if let Some((h1, _)) = conn {
-                    h1.drive(cx);
-                }
                 let polled = ready!(Pin::new(inner).poll_frame(cx));
                 match &polled {
                     Some(Err(_)) => *conn = None,
                     // hyper reports a body's end with its last frame only
                     // when it knows the length; else here.
                     None => {
-                        if let Some((h1, reuse)) = conn.take() {
-                            reuse.shared.put_back(reuse.replica, h1);
+                        if let Some((sender, reuse)) = conn.take() {
+                            reuse.shared.put_back(reuse.replica, sender, reuse.tls);
                         }
                     }
                     Some(Ok(_)) => {}
