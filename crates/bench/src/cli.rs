@@ -54,7 +54,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,
     /// Policies to compare: round-robin, least-request, random, scored,
-    /// or a weight preset (latency, throughput, or scored:PRESET).
+    /// or a weight preset (latency, throughput, or scored:PRESET);
+    /// scored-events (virtual mode only) is scored with each replica's
+    /// prefix cache as lossless KV events would report it.
     /// Round-robin is always included as the baseline.
     #[arg(long, default_value = "round-robin,least-request,scored")]
     pub policies: String,

@@ -19,8 +19,10 @@ use crate::flow::{FlowLimits, FlowMode};
 /// `latency` (also spelt `scored:latency`), any of them with `+sessions`
 /// for session affinity (the gateway keys sessions by the body's `user`,
 /// which the clients set to their session, and keeps a session on its
-/// replica); and whether the gateway's admission queue is
-/// on for the run.
+/// replica); `scored-events` (or `scored-events:PRESET`) is the scored
+/// policy with the replicas' own word on their prefix caches, as if every
+/// engine published its KV events and none were lost (virtual mode only);
+/// and whether the gateway's admission queue is on for the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyUnderTest {
     /// Config name of the policy.
@@ -30,10 +32,15 @@ pub struct PolicyUnderTest {
     flow: FlowMode,
     /// The gateway reads session keys (`spec.sessions`).
     sessions: bool,
+    /// Prefix affinity from the engines' caches (their KV events) rather
+    /// than the gateway's approximate index.
+    events: bool,
 }
 
 impl PolicyUnderTest {
     pub const ROUND_ROBIN: &'static str = "round-robin";
+    /// The scored policy's name with prefix affinity from KV events.
+    pub const SCORED_EVENTS: &'static str = "scored-events";
 
     /// The baseline every change is measured against.
     pub fn round_robin() -> Self {
@@ -42,6 +49,7 @@ impl PolicyUnderTest {
             preset: None,
             flow: FlowMode::On,
             sessions: false,
+            events: false,
         }
     }
 
@@ -93,6 +101,12 @@ impl PolicyUnderTest {
     pub fn uses_signals(&self) -> bool {
         self.policy == "scored"
     }
+
+    /// Whether prefix affinity comes from the engines' KV events (in
+    /// virtual time: from each engine's prefix cache, read at the pick).
+    pub fn exact_prefix(&self) -> bool {
+        self.events
+    }
 }
 
 impl std::str::FromStr for PolicyUnderTest {
@@ -102,6 +116,17 @@ impl std::str::FromStr for PolicyUnderTest {
         let name = name.trim();
         if let Some(base) = name.strip_suffix("+sessions") {
             return Ok(base.parse::<Self>()?.with_sessions());
+        }
+        if let Some(rest) = name.strip_prefix(Self::SCORED_EVENTS) {
+            let scored = match rest {
+                "" => "scored".to_owned(),
+                preset if preset.starts_with(':') => format!("scored{preset}"),
+                _ => bail!("unknown policy {name:?}"),
+            };
+            return Ok(Self {
+                events: true,
+                ..scored.parse()?
+            });
         }
         let (policy, preset) = match name.split_once(':') {
             Some(("scored", preset)) => ("scored", Some(preset)),
@@ -128,15 +153,20 @@ impl std::str::FromStr for PolicyUnderTest {
             preset,
             flow: FlowMode::On,
             sessions: false,
+            events: false,
         })
     }
 }
 
 impl fmt::Display for PolicyUnderTest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let policy = match self.events {
+            true => Self::SCORED_EVENTS,
+            false => self.policy,
+        };
         match &self.preset {
-            Some(preset) => write!(f, "{}:{preset}", self.policy)?,
-            None => f.write_str(self.policy)?,
+            Some(preset) => write!(f, "{policy}:{preset}")?,
+            None => f.write_str(policy)?,
         }
         if self.sessions {
             f.write_str("+sessions")?;
@@ -340,6 +370,35 @@ mod tests {
         );
         assert!("fastest".parse::<PolicyUnderTest>().is_err());
         assert!("round-robin:latency".parse::<PolicyUnderTest>().is_err());
+    }
+
+    #[test]
+    fn scored_events_is_scored_with_the_engines_word_on_prefixes() {
+        let events: PolicyUnderTest = "scored-events".parse().unwrap();
+        let scored: PolicyUnderTest = "scored".parse().unwrap();
+        assert!(events.exact_prefix() && !scored.exact_prefix());
+        assert!(events.uses_signals());
+        assert_ne!(events, scored);
+        for name in [
+            "scored-events",
+            "scored-events:latency",
+            "scored-events+sessions",
+        ] {
+            let policy: PolicyUnderTest = name.parse().unwrap();
+            assert!(policy.exact_prefix(), "{name}");
+            assert_eq!(policy.to_string(), name);
+        }
+        assert!("scored-eventsx".parse::<PolicyUnderTest>().is_err());
+        assert!("scored-events:fastest".parse::<PolicyUnderTest>().is_err());
+        // The same gateway config and picker as scored: only the source of
+        // prefix matches differs, and virtual mode supplies it.
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let (a, _) = virtual_gateway(&events, &pool(&endpoints, 1.0)).unwrap();
+        let (b, _) = virtual_gateway(&scored, &pool(&endpoints, 1.0)).unwrap();
+        assert_eq!(a, b);
+        let list = parse_list("scored,scored-events").unwrap();
+        let names: Vec<String> = list.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["round-robin", "scored", "scored-events"]);
     }
 
     #[test]

@@ -994,8 +994,8 @@ pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
         "## {} ({} mode): spread over seeds {seeds}\n\nMedian, and the range over the seeds in brackets.\n\n",
         first.scenario, first.mode
     );
-    out.push_str("| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | output tok/s | TTFT p95 vs RR | TTFT p99 vs RR |\n");
-    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("| load | policy | TTFT p50 | TTFT p95 | TTFT p99 | e2e p50 | prefix hits | output tok/s | 429s | TTFT p95 vs RR | TTFT p99 vs RR |\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for row in &first.results {
         let same: Vec<(&Summary, Option<&Summary>)> = reports
             .iter()
@@ -1025,13 +1025,21 @@ pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             percent(row.load),
             row.policy,
             spread(values(|s| s.ttft_p50_ms), |v| ms(Some(v))),
             spread(values(|s| s.ttft_p95_ms), |v| ms(Some(v))),
             spread(values(|s| s.ttft_p99_ms), |v| ms(Some(v))),
+            spread(values(|s| s.e2e_p50_ms), |v| ms(Some(v))),
+            spread(values(|s| Some(s.prefix_hit_rate)), |v| format!(
+                "{:.1} %",
+                v * 100.0
+            )),
             spread(values(|s| Some(s.output_tokens_per_s)), |v| format!(
+                "{v:.0}"
+            )),
+            spread(values(|s| Some(s.rejected_429 as f64)), |v| format!(
                 "{v:.0}"
             )),
             vs(|s| s.ttft_p95_ms),
@@ -1409,6 +1417,9 @@ pub(crate) mod tests {
         // scored at 50 %: p95 100, 150, 120 ms against 200 ms round-robin.
         assert!(md.contains("| 120 ms (100 ms … 150 ms) |"), "{md}");
         assert!(md.contains("−40.0 % (−50.0 % … −25.0 %)"), "{md}");
+        // The cache and the end to end, which prefix routing trades.
+        assert!(md.contains("| e2e p50 | prefix hits |"), "{md}");
+        assert!(md.contains("| 25.0 % (25.0 % … 25.0 %) |"), "{md}");
         assert_eq!(
             md.matches("\n| ").count(),
             5,

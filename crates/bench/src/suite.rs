@@ -147,6 +147,15 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
             scenario.name
         );
     }
+    if options.mode == Mode::Live
+        && let Some(events) = runs(&scenario, options)
+            .iter()
+            .find(|r| matches!(r, RouterUnderTest::Infergate(p) if p.exact_prefix()))
+    {
+        bail!(
+            "{events} runs in virtual mode only (--mode virtual): it reads each simulated engine's prefix cache as its KV events would report it"
+        );
+    }
     if options.mode == Mode::Virtual
         && let Some(peer) = options.routers.iter().find(|r| r.is_peer())
     {
@@ -430,6 +439,7 @@ pub fn run_virtual(
         client_timeout: options.client_timeout,
         flow_control,
         seed: options.seed,
+        exact_prefix: policy.exact_prefix(),
     };
     Ok(std::thread::scope(|scope| {
         let (tx, rx) = sync_channel::<Vec<Prepared>>(8);
@@ -582,4 +592,22 @@ fn progress_line(
         ));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scored_events_runs_in_virtual_time_only() {
+        let mut options = SuiteOptions::new(Mode::Live, Size::Quick, 1);
+        options.policies = policy::parse_list("scored,scored-events").unwrap();
+        let error = scenario("shared-prefix", &options).unwrap_err().to_string();
+        assert!(
+            error.contains("scored-events runs in virtual mode only"),
+            "{error}"
+        );
+        options.mode = Mode::Virtual;
+        assert!(scenario("shared-prefix", &options).is_ok());
+    }
 }

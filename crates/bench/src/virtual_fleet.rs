@@ -23,6 +23,11 @@
 //!   key, so first come first served.
 //! - **Clients**: abort a request that has not completed within the client
 //!   timeout.
+//! - **KV events** (`exact_prefix`): the picker asks each candidate's
+//!   engine what its prefix cache holds of the prompt at the moment of the
+//!   pick, as the gateway's event index would know it if every replica
+//!   published its events and none were lost or late: the best case of
+//!   routing on events.
 //!
 //! Each event costs O(log n) heap work plus the engine step or the pick
 //! itself; idle replicas cost nothing between their scrapes.
@@ -34,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use picker::flow::{FlowKey, Priority, Queue};
 use picker::{
-    Endpoint, EngineState, LoadGuard, Observation, PickError, PickRequest, PickerConfig,
-    PrefixConfig,
+    Endpoint, EngineState, ExactPrefix, LoadGuard, Observation, PickError, PickRequest,
+    PickerConfig, PrefixConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -59,6 +64,9 @@ pub struct VirtualOptions {
     pub flow_control: Option<FlowLimits>,
     /// Seeds the picker's tie-breaking.
     pub seed: u64,
+    /// Prefix matches from the engines' caches (lossless KV events) in
+    /// place of the gateway's approximate index.
+    pub exact_prefix: bool,
 }
 
 /// A request with everything the gateway and the engine derive from its
@@ -228,6 +236,9 @@ struct Simulation<'a> {
     epoch: Instant,
     rng: SmallRng,
     events: Vec<EngineEvent>,
+    /// With `exact_prefix`: the fleet's block sizes, and for each the
+    /// engine block hashes of the prompt being picked for.
+    prompt_hashes: Option<Vec<(u32, Vec<u64>)>>,
 }
 
 impl<'a> Simulation<'a> {
@@ -249,6 +260,12 @@ impl<'a> Simulation<'a> {
             .collect();
         let scrapes = picker.policy.uses_signals();
         let n = engines.len();
+        let prompt_hashes = options.exact_prefix.then(|| {
+            let mut sizes: Vec<u32> = engines.iter().map(|e| e.config().block_size).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            sizes.into_iter().map(|size| (size, Vec::new())).collect()
+        });
         Simulation {
             options,
             scheduled: vec![None; n],
@@ -267,6 +284,7 @@ impl<'a> Simulation<'a> {
             epoch: Instant::now(),
             rng: SmallRng::seed_from_u64(options.seed),
             events: Vec::new(),
+            prompt_hashes,
         }
     }
 
@@ -420,7 +438,8 @@ impl<'a> Simulation<'a> {
 
     fn pick(&mut self, request: &Prepared, at: f64) -> Result<picker::Decision, PickError> {
         let now = self.clock(at);
-        pick(&self.pool, &mut self.rng, now, request)
+        let exact = holdings(&self.engines, self.prompt_hashes.as_mut(), request);
+        pick(&self.pool, &mut self.rng, now, request, exact.as_ref())
     }
 
     fn dispatch(&mut self, request: Prepared, decision: picker::Decision, at: f64) {
@@ -478,7 +497,8 @@ impl<'a> Simulation<'a> {
     fn dispatch_line(&mut self, at: f64) {
         let now = self.clock(at);
         while let Some((_, head)) = self.line.head() {
-            match pick(&self.pool, &mut self.rng, now, &head.item) {
+            let exact = holdings(&self.engines, self.prompt_hashes.as_mut(), &head.item);
+            match pick(&self.pool, &mut self.rng, now, &head.item, exact.as_ref()) {
                 Ok(decision) => {
                     let entry = self.line.pop_head().expect("head exists");
                     self.dispatch(entry.item, decision, at);
@@ -570,11 +590,61 @@ impl<'a> Simulation<'a> {
     }
 }
 
+/// What each engine's prefix cache holds of one prompt, read at the pick:
+/// the share of the prompt's blocks lossless KV events would report.
+struct EngineHoldings<'a> {
+    /// By endpoint index (the fleet's order).
+    engines: &'a [Engine],
+    /// The prompt's block hashes per block size of the fleet.
+    hashes: &'a [(u32, Vec<u64>)],
+}
+
+impl ExactPrefix for EngineHoldings<'_> {
+    fn shares(&self, endpoints: &[usize], out: &mut [Option<f64>]) {
+        for (&index, share) in endpoints.iter().zip(out.iter_mut()) {
+            let engine = &self.engines[index];
+            let size = engine.config().block_size;
+            let Some((_, hashes)) = self.hashes.iter().find(|(s, _)| *s == size) else {
+                continue;
+            };
+            // A prompt of no full block is held by everyone alike.
+            *share = Some(match hashes.len() {
+                0 => 1.0,
+                blocks => engine.cached_prefix_blocks(hashes) as f64 / blocks as f64,
+            });
+        }
+    }
+}
+
+/// With `exact_prefix` (`hashes` kept), what `engines` hold of
+/// `request`'s prompt.
+fn holdings<'a>(
+    engines: &'a [Engine],
+    hashes: Option<&'a mut Vec<(u32, Vec<u64>)>>,
+    request: &Prepared,
+) -> Option<EngineHoldings<'a>> {
+    let hashes = hashes?;
+    for (size, hashes) in hashes.iter_mut() {
+        *hashes = Engine::prompt_block_hashes(&request.prompt, request.adapter.as_deref(), *size);
+    }
+    Some(EngineHoldings { engines, hashes })
+}
+
+impl std::fmt::Debug for EngineHoldings<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHoldings")
+            .field("engines", &self.engines.len())
+            .field("hashes", &self.hashes)
+            .finish()
+    }
+}
+
 fn pick(
     pool: &picker::Picker,
     rng: &mut SmallRng,
     now: Instant,
     request: &Prepared,
+    exact_prefix: Option<&EngineHoldings<'_>>,
 ) -> Result<picker::Decision, PickError> {
     let pick = PickRequest {
         adapter: request.adapter.as_deref(),
@@ -586,7 +656,7 @@ fn pick(
         // One band, filling replicas to the pool's bound (live runs put
         // the bench's requests in `standard`, which stops short of it).
         queue_share: None,
-        exact_prefix: None,
+        exact_prefix: exact_prefix.map(|e| e as &dyn ExactPrefix),
     };
     pool.pick(&pick, now, &[], rng)
 }
@@ -650,6 +720,7 @@ mod tests {
             client_timeout: 60.0,
             flow_control: None,
             seed: 1,
+            exact_prefix: false,
         }
     }
 
@@ -754,6 +825,80 @@ mod tests {
         let scored = cached(picker::Policy::Scored);
         assert_eq!(scored[0], 0);
         assert!(scored[1..].iter().all(|&c| c >= 1984), "{scored:?}");
+    }
+
+    #[test]
+    fn scored_events_finds_a_prompt_where_the_engine_holds_it() {
+        // Each prompt twice, the second time under prefix hashes unrelated
+        // to the first's: the approximate index cannot follow it, the
+        // engines' caches can.
+        let prompts = 8;
+        let mut requests: Vec<Prepared> = (0..prompts)
+            .map(|k| Prepared {
+                prefix_hashes: (0..32).map(|b| 1_000 * k + b + 1).collect(),
+                ..request(k, k as f64, 512, 4)
+            })
+            .collect();
+        for k in 0..prompts {
+            requests.push(Prepared {
+                prompt: requests[k as usize].prompt.clone(),
+                prefix_hashes: (0..32).map(|b| 1_000_000 + 1_000 * k + b).collect(),
+                ..request(prompts + k, 20.0 + k as f64, 512, 4)
+            });
+        }
+        let hits = |exact_prefix| {
+            let options = VirtualOptions {
+                exact_prefix,
+                ..options()
+            };
+            let outcomes = run(
+                &fleet(4),
+                PickerConfig::default(),
+                requests.clone().into_iter(),
+                &options,
+            );
+            assert!(outcomes.iter().all(|o| o.status == Status::Completed));
+            outcomes[prompts as usize..]
+                .iter()
+                .filter(|o| o.cached_tokens >= 496)
+                .count()
+        };
+        assert_eq!(
+            hits(true),
+            prompts as usize,
+            "every repeat finds its prompt"
+        );
+        assert!(hits(false) < prompts as usize, "the guess cannot");
+    }
+
+    #[test]
+    fn engine_holdings_are_shares_of_the_prompts_blocks() {
+        let cfg = EngineConfig::new("h100", "llama-3.1-8b", None).unwrap();
+        let mut engines = vec![Engine::new(cfg.clone()), Engine::new(cfg)];
+        let prompt: Vec<u32> = (0..640).collect();
+        engines[1].submit(
+            0.0,
+            SimRequest {
+                id: 1,
+                prompt: prompt[..320].to_vec(),
+                max_tokens: 1,
+                adapter: None,
+                priority: 0,
+            },
+        );
+        while let Some(t) = engines[1].next_event_at() {
+            engines[1].advance(t, &mut Vec::new());
+        }
+        let mut hashes = vec![(16, Vec::new())];
+        let request = Prepared {
+            prompt,
+            ..request(2, 1.0, 0, 1)
+        };
+        let held = holdings(&engines, Some(&mut hashes), &request).unwrap();
+        let mut shares = [None; 2];
+        held.shares(&[1, 0], &mut shares);
+        assert_eq!(shares, [Some(0.5), Some(0.0)]);
+        assert!(holdings(&engines, None, &request).is_none());
     }
 
     #[test]

@@ -201,6 +201,18 @@ impl KvCache {
         out.len()
     }
 
+    /// How many leading blocks of `hashes` are findable (a read-only
+    /// [`KvCache::find_cached_prefix`]).
+    pub(crate) fn cached_prefix_len(&self, hashes: &[u64]) -> usize {
+        if !self.caching {
+            return 0;
+        }
+        hashes
+            .iter()
+            .take_while(|h| self.cached.contains_key(h))
+            .count()
+    }
+
     /// Give a new request its cached prefix blocks `hits` plus fresh blocks
     /// for `total_tokens` in all. Fails, changing nothing, when memory is short.
     pub(crate) fn allocate_with_prefix(

@@ -183,6 +183,31 @@ impl Engine {
         self.kv.cached_hashes()
     }
 
+    /// The chained hashes of `prompt`'s full blocks, as an engine of
+    /// `block_size` hashes them for a request with `adapter`. They are the
+    /// same on every engine of that block size (an adapter's chain starts
+    /// from its name), so a caller asking many engines hashes once.
+    pub fn prompt_block_hashes(prompt: &[u32], adapter: Option<&str>, block_size: u32) -> Vec<u64> {
+        let mut hasher = BlockHasher::new();
+        let mut parent = BlockHasher::root(adapter);
+        prompt
+            .chunks_exact(block_size.max(1) as usize)
+            .map(|block| {
+                parent = hasher.hash(parent, block.iter().copied());
+                parent
+            })
+            .collect()
+    }
+
+    /// How many leading blocks of `hashes` (from
+    /// [`Engine::prompt_block_hashes`]) the prefix cache holds now: what its
+    /// KV events say it holds of that prompt, and what a request with it
+    /// would find (less the last block when the prompt ends on a block
+    /// boundary, since the last token is always computed). Changes nothing.
+    pub fn cached_prefix_blocks(&self, hashes: &[u64]) -> usize {
+        self.kv.cached_prefix_len(hashes)
+    }
+
     /// Accept a request arriving at `now`. Problems (too long, unknown
     /// adapter, duplicate id) produce [`EngineEvent::Rejected`] at the next
     /// [`Engine::advance`]. An idle engine starts a step at `now`; the step

@@ -162,6 +162,39 @@ fn a_fully_cached_prompt_still_computes_its_last_block() {
 }
 
 #[test]
+fn the_cached_prefix_query_predicts_the_hit_and_changes_nothing() {
+    let mut engine = Engine::new(config("h100", "llama-3.1-8b"));
+    engine.register_adapter("sql");
+    let shared = synthetic_prompt(1, 1000);
+    engine.submit(0.0, request(1, shared.clone(), 1));
+    drain(&mut engine, |_| {});
+
+    let mut prompt = shared[..800].to_vec();
+    prompt.extend(synthetic_prompt(2, 300));
+    let hashes = Engine::prompt_block_hashes(&prompt, None, 16);
+    assert_eq!(hashes.len(), 1100 / 16);
+    // 800 shared tokens are 50 whole blocks; the next block differs.
+    assert_eq!(engine.cached_prefix_blocks(&hashes), 50);
+    assert_eq!(
+        engine.cached_prefix_blocks(&hashes),
+        50,
+        "a read, not a use"
+    );
+    let sql = Engine::prompt_block_hashes(&prompt, Some("sql"), 16);
+    assert_eq!(engine.cached_prefix_blocks(&sql), 0, "another chain");
+    // The first request's blocks, as the cache names them.
+    let mut cached = engine.cached_block_hashes();
+    let mut first = Engine::prompt_block_hashes(&shared, None, 16);
+    cached.sort_unstable();
+    first.sort_unstable();
+    assert_eq!(cached, first);
+
+    engine.submit(1.0, request(2, prompt, 1));
+    let events = drain(&mut engine, |_| {});
+    assert_eq!(finished(&events, 2).2, 50 * 16);
+}
+
+#[test]
 fn adapters_do_not_share_prefix_blocks_with_the_base_model() {
     let mut engine = Engine::new(config("h100", "llama-3.1-8b"));
     engine.register_adapter("sql");
