@@ -30,6 +30,16 @@
 //! compared with plain infergate in the same run; it starts its own
 //! `redis-server`.
 //!
+//! `--callgrind` measures instead what one request costs in instructions:
+//! the gateway runs under valgrind's callgrind, and after a warm-up a fixed
+//! number of requests (`--requests`, default 5,000, over `--connections`,
+//! default 4, one after another on each) is counted; it prints the
+//! instructions per request and where they go: by where they run (hyper's
+//! server, the pipeline, hyper's client, the runtime), by whose code they
+//! are, and by function. Instruction counts do not move with the machine's
+//! load, so they are the figure to decide data-plane changes by
+//! (`scripts/profile-request` builds the binary and runs this).
+//!
 //! The replica is nginx answering a fixed JSON body (the fastest backend
 //! available), so what is measured is the proxies. Needs `nginx` and `wrk`
 //! on the PATH and a release build of `infergate`; `scripts/bench-overhead`
@@ -63,6 +73,16 @@ struct Args {
     /// Add infergate with rate limits (local and Redis) and authentication
     /// as more targets, to measure what each costs.
     security: bool,
+    /// Count the gateway's instructions per request under callgrind
+    /// instead of timing the targets.
+    callgrind: bool,
+    /// Requests counted under callgrind.
+    requests: u64,
+    /// Functions listed under callgrind.
+    top: usize,
+    /// Where the callgrind dump is kept, to be read again (say, by
+    /// `callgrind_annotate`).
+    dump: PathBuf,
 }
 
 fn args() -> Args {
@@ -75,7 +95,12 @@ fn args() -> Args {
         skip_max: false,
         slices: 5,
         security: false,
+        callgrind: false,
+        requests: 5_000,
+        top: 40,
+        dump: PathBuf::from("target/callgrind-request.out"),
     };
+    let mut connections = None;
     let mut argv = std::env::args().skip(1);
     while let Some(flag) = argv.next() {
         if flag == "--skip-max" {
@@ -86,17 +111,27 @@ fn args() -> Args {
             a.security = true;
             continue;
         }
+        if flag == "--callgrind" {
+            a.callgrind = true;
+            continue;
+        }
         let value = argv.next().unwrap_or_default();
         match flag.as_str() {
             "--infergate" => a.infergate = value.into(),
             "--baseline" => a.baseline = Some(value.into()),
             "--rate" => a.rate = value.parse().expect("--rate N"),
             "--seconds" => a.seconds = value.parse().expect("--seconds N"),
-            "--connections" => a.connections = value.parse().expect("--connections N"),
+            "--connections" => connections = Some(value.parse().expect("--connections N")),
+            "--requests" => a.requests = value.parse().expect("--requests N"),
+            "--top" => a.top = value.parse().expect("--top N"),
+            "--dump" => a.dump = value.into(),
             "--slices" => a.slices = value.parse::<u32>().expect("--slices N").max(1),
             other => panic!("unknown argument {other}"),
         }
     }
+    // Under callgrind, a few connections: the profile of a request at a
+    // modest load, not of a saturated gateway batching its wake-ups.
+    a.connections = connections.unwrap_or(if a.callgrind { 4 } else { 32 });
     a
 }
 
@@ -367,6 +402,10 @@ fn us(d: Duration) -> f64 {
 fn main() {
     let args = args();
     let dir = tempfile::tempdir().unwrap();
+    if args.callgrind {
+        profile::run(&args, dir.path());
+        return;
+    }
     let (replica, via_infergate, via_nginx, via_baseline) =
         (free_port(), free_port(), free_port(), free_port());
     let addr = |port| SocketAddr::from(([127, 0, 0, 1], port));
@@ -739,14 +778,7 @@ impl Redis {
 
 /// An infergate process with one pool in front of `replica`.
 fn gateway(bin: &Path, dir: &Path, name: &str, port: u16, replica: u16, extra: &str) -> Proc {
-    let config = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{port}\"}}]\n{extra}  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
-        ),
-    )
-    .unwrap();
+    let config = gateway_config(dir, name, port, replica, extra);
     Proc(
         Command::new(bin)
             .args(["serve", "--config"])
@@ -759,6 +791,19 @@ fn gateway(bin: &Path, dir: &Path, name: &str, port: u16, replica: u16, extra: &
     )
 }
 
+/// The config file of a gateway with one pool in front of `replica`.
+fn gateway_config(dir: &Path, name: &str, port: u16, replica: u16, extra: &str) -> PathBuf {
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{{name: public, address: \"127.0.0.1:{port}\"}}]\n{extra}  pools:\n    - {{name: p, engine: none, models: [m], endpoints: [\"127.0.0.1:{replica}\"], scheduling: {{policy: round-robin}}}}\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
 struct Row {
     name: &'static str,
     /// Maximum rate and the proxy's CPU per request at it.
@@ -769,3 +814,7 @@ struct Row {
     /// The proxy's CPU per request at the fixed rate.
     cpu: Option<Cpu>,
 }
+
+/// `--callgrind`: instructions per request, and where they go.
+#[path = "overhead/profile.rs"]
+mod profile;
