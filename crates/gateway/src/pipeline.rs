@@ -93,8 +93,10 @@ async fn dispatch(
         // written for them (load generators, probes) find it unchanged.
         (&Method::GET, "/healthz" | "/health") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
+        // Authentication boxed on the model-list paths: its future would
+        // otherwise be part of every request's, copied as it is moved.
         (&Method::GET, "/v1/models") => {
-            let caller = match authenticate(state, &generation, &req).await {
+            let caller = match Box::pin(authenticate(state, &generation, &req)).await {
                 Ok(caller) => caller,
                 Err(e) => return e.into_response(),
             };
@@ -105,7 +107,7 @@ async fn dispatch(
             }
         }
         (&Method::GET, path) if path.starts_with(MODEL_PREFIX) => {
-            let caller = match authenticate(state, &generation, &req).await {
+            let caller = match Box::pin(authenticate(state, &generation, &req)).await {
                 Ok(caller) => caller,
                 Err(e) => return e.into_response(),
             };
@@ -130,13 +132,15 @@ async fn dispatch(
             let sampling = generation.trace_sampling(req.peer.ip());
             let (trace, traceparent) = trace_context::upstream(&req.headers, &span, sampling);
             let feed = state.decisions.sample(start);
-            let record = Record::new(
+            // Boxed: it goes by value from stage to stage and into the
+            // response body, and a pointer moves for less than its bytes.
+            let record = Box::new(Record::new(
                 request_id.clone(),
                 start,
                 span.clone(),
                 Some(trace.trace_id),
                 feed,
-            );
+            ));
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
             let ids = Ids {
@@ -166,53 +170,61 @@ struct Ids<'a> {
 
 /// Stages 2–9 for one inference request: each stage decides one thing and
 /// hands the next its input, or refuses the request.
-async fn infer(
-    state: &State,
+///
+/// Not an `async fn`, whose future would keep each argument twice: the
+/// request's future is copied whole when it is boxed.
+#[allow(clippy::manual_async_fn)]
+fn infer<'a>(
+    state: &'a State,
     generation: Arc<Generation>,
     worker: WorkerId,
     req: Request,
-    mut record: Record,
-    ids: Ids<'_>,
-) -> Response<ResponseBody> {
-    let received = match receive(state, &generation, req, &mut record).await {
-        Ok(received) => received,
-        Err(refusal) => return refuse(record, refusal),
-    };
-    let decided = match decide(state, &generation, worker, &received, &mut record, ids).await {
-        Ok(decided) => decided,
-        Err(refusal) => return refuse(record, refusal),
-    };
-    // 9. forward: to the admitted replica, or to a global member.
-    let outgoing = received.outgoing(&generation, &decided.body, ids);
-    match decided.target {
-        Target::Replica {
-            pool,
-            pick,
-            admitted,
-            strip_usage,
-        } => {
-            let job = Forward {
-                generation: &generation,
-                pool: &pool,
-                worker,
-                outgoing,
-                pick: &pick,
+    mut record: Box<Record>,
+    ids: Ids<'a>,
+) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
+    async move {
+        let received = match receive(state, &generation, req, &mut record).await {
+            Ok(received) => received,
+            Err(refusal) => return refuse(*record, refusal),
+        };
+        let decided = match decide(state, &generation, worker, &received, &mut record, ids).await {
+            Ok(decided) => decided,
+            Err(refusal) => return refuse(*record, refusal),
+        };
+        // 9. forward: to the admitted replica, or to a global member.
+        let outgoing = received.outgoing(&generation, &decided.body, ids);
+        match decided.target {
+            Target::Replica {
+                pool,
+                pick,
+                admitted,
                 strip_usage,
-            };
-            forward(job, admitted, record).await
-        }
-        Target::Members { model, residency } => {
-            let job = members::forward::MemberRequest {
-                method: &received.method,
-                uri: &received.uri,
-                body: &decided.body,
-                outgoing,
-                model: &model,
-                residency,
-            };
-            members::forward::forward(state, &generation, job, record)
-                .instrument(stage_span!("forward", otel.kind = "client"))
-                .await
+            } => {
+                let job = Forward {
+                    generation: &generation,
+                    pool: &pool,
+                    worker,
+                    outgoing,
+                    pick: &pick,
+                    strip_usage,
+                };
+                forward(job, admitted, record).await
+            }
+            Target::Members { model, residency } => {
+                let job = members::forward::MemberRequest {
+                    method: &received.method,
+                    uri: &received.uri,
+                    body: &decided.body,
+                    outgoing,
+                    model: &model,
+                    residency,
+                };
+                // Boxed: the global members' path would otherwise add its
+                // state to every request's future.
+                Box::pin(members::forward::forward(state, &generation, job, *record))
+                    .instrument(stage_span!("forward", otel.kind = "client"))
+                    .await
+            }
         }
     }
 }

@@ -53,40 +53,52 @@ pub struct Forward<'a> {
 
 /// Send the request to the admitted replica, and to another while none of
 /// it was sent; pass the answer on.
-pub async fn forward(
+///
+/// Not an `async fn`: the future of one keeps each argument twice (as it
+/// was passed and as the body's own variable), where an `async move` block
+/// works on what it captured, in place. The request's future is copied
+/// whole as it is moved and boxed, so its every byte costs.
+#[allow(clippy::manual_async_fn)]
+pub fn forward(
     job: Forward<'_>,
     mut admitted: Admitted,
-    mut record: Record,
-) -> Response<ResponseBody> {
-    let name = job.pool.name();
-    let mut tried: Vec<usize> = Vec::new();
-    loop {
-        let sent_at = Instant::now();
-        let deadline = sent_at + job.generation.timeouts.first_byte();
-        let failed = match send(&job, &admitted, &mut record, deadline).await {
-            Attempt::Answered(answer) => {
-                if answer.status.is_success() {
-                    record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
+    mut record: Box<Record>,
+) -> impl Future<Output = Response<ResponseBody>> + Send {
+    async move {
+        let name = job.pool.name();
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let sent_at = Instant::now();
+            let deadline = sent_at + job.generation.timeouts.first_byte();
+            let failed = match send(&job, &admitted, &mut record, deadline).await {
+                Attempt::Answered(mut answer) => {
+                    if answer.status.is_success() {
+                        record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
+                    }
+                    let passed = pass_on(&job, deadline, &mut answer, &admitted, &mut record).await;
+                    return match passed {
+                        Ok(passed) => respond(&job, answer, passed, admitted, record),
+                        Err(e) => refuse(*record, e),
+                    };
                 }
-                return pass_on(&job, deadline, answer, admitted, record).await;
+                Attempt::Failed(error) => return refuse(*record, error),
+                Attempt::NotSent(e) => e,
+            };
+            // None of the request reached the replica, so another may try.
+            // Replacing `admitted` below releases this replica's load.
+            let endpoint = &admitted.decision.endpoint;
+            if failed.is_connect() {
+                endpoint.set_reachable(false);
             }
-            Attempt::Failed(error) => return refuse(record, error),
-            Attempt::NotSent(e) => e,
-        };
-        // None of the request reached the replica, so another may try.
-        // Replacing `admitted` below releases this replica's load.
-        let endpoint = &admitted.decision.endpoint;
-        if failed.is_connect() {
-            endpoint.set_reachable(false);
+            tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %failed,
+                "request not sent to the replica");
+            tried.push(endpoint.index);
+            admitted = match next_replica(&job, &tried, &failed) {
+                Ok(next) => next,
+                Err(error) => return refuse(*record, error),
+            };
+            record.retried();
         }
-        tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %failed,
-            "request not sent to the replica");
-        tried.push(endpoint.index);
-        admitted = match next_replica(&job, &tried, &failed) {
-            Ok(next) => next,
-            Err(error) => return refuse(record, error),
-        };
-        record.retried();
     }
 }
 
@@ -157,45 +169,78 @@ fn next_replica(
     }
 }
 
+/// What [`pass_on`] found of the replica's answer, to pass on.
+struct Passed {
+    first: Option<Frame<Bytes>>,
+    sse: bool,
+    headers: HeaderMap,
+}
+
 /// The replica answered: pass its answer on. A non-streaming answer goes
 /// on once its body starts, so a replica failing before that is the
 /// client's 502, not a 200 with a cut body; a stream's head goes at once.
+/// The record and the lease are borrowed, not moved in: [`respond`] takes
+/// them into the body once this is done waiting.
 async fn pass_on(
     job: &Forward<'_>,
     deadline: Instant,
-    mut answer: super::Response,
-    admitted: Admitted,
-    mut record: Record,
-) -> Response<ResponseBody> {
+    answer: &mut super::Response,
+    admitted: &Admitted,
+    record: &mut Record,
+) -> Result<Passed, ApiError> {
     let name = job.pool.name();
     if !headers::plain_transfer_coding(&answer.headers) {
         let coding = answer.headers.get(header::TRANSFER_ENCODING);
         let detail = format!(
             "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
         );
-        return refuse(record, ApiError::upstream_failed(name, &detail));
+        return Err(ApiError::upstream_failed(name, &detail));
     }
     record.on_response(answer.status, &answer.headers);
     let sse = headers::is_event_stream(&answer.headers);
-    let (first, wrapped) = match first_frame(&mut answer, sse, deadline, &admitted).await {
-        Ok(first) => first,
-        Err(e) => return refuse(record, e.into_api(name)),
-    };
-    let mut response_headers = answer_headers(&answer.headers, wrapped, &record);
+    let (first, wrapped) = first_frame(answer, sse, deadline, admitted)
+        .await
+        .map_err(|e| e.into_api(name))?;
+    let mut headers = answer_headers(&answer.headers, wrapped, record);
     if job.generation.debug.decision_headers {
         let waited = record.queue_wait().unwrap_or_default();
-        decision_headers(&mut response_headers, name, &admitted.decision, waited);
-        rewrite_headers(&mut response_headers, &record);
+        decision_headers(&mut headers, name, &admitted.decision, waited);
+        rewrite_headers(&mut headers, record);
     }
+    Ok(Passed {
+        first,
+        sse,
+        headers,
+    })
+}
+
+/// The client's response: the replica's status and the headers
+/// [`pass_on`] made, its body streamed from the replica's, owning the
+/// request's lease and record until it ends.
+fn respond(
+    job: &Forward<'_>,
+    answer: super::Response,
+    passed: Passed,
+    admitted: Admitted,
+    record: Box<Record>,
+) -> Response<ResponseBody> {
     let idle = job.generation.timeouts.idle();
     let keep = Arc::clone(job.generation) as _;
-    let mut body = ProxiedBody::new(answer.body, first, sse, admitted.lease, record, idle, keep);
+    let mut body = ProxiedBody::new(
+        answer.body,
+        passed.first,
+        passed.sse,
+        admitted.lease,
+        record,
+        idle,
+        keep,
+    );
     if job.strip_usage {
         body = body.strip_usage();
     }
     let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
     *response.status_mut() = answer.status;
-    *response.headers_mut() = response_headers;
+    *response.headers_mut() = passed.headers;
     response
 }
 

@@ -61,7 +61,7 @@ pub struct ProxiedBody {
     last_frame: Instant,
     // Dropped with the body; see the module comment.
     lease: Lease,
-    record: Record,
+    record: Box<Record>,
     /// What the request keeps alive until its body ends: the generation
     /// of the config it started under.
     _keep: Arc<dyn Send + Sync>,
@@ -73,7 +73,7 @@ impl ProxiedBody {
         first: Option<Frame<Bytes>>,
         sse: bool,
         load: Lease,
-        record: Record,
+        record: Box<Record>,
         idle_timeout: Duration,
         keep: Arc<dyn Send + Sync>,
     ) -> Self {
