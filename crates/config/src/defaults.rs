@@ -38,6 +38,18 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `retry.maxRetries`: other replicas tried after a failed connection.
 pub const MAX_RETRIES: u32 = 2;
+/// `continuation.enabled`.
+pub const CONTINUATION_ENABLED: bool = true;
+/// `continuation.maxAttempts`: continuations per request.
+pub const CONTINUATION_MAX_ATTEMPTS: u32 = 2;
+/// `continuation.idleTimeout`: a decode step rarely takes a second, and a
+/// long prefill batched beside it a few more.
+pub const CONTINUATION_IDLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// `continuation.maxTextBytes`: about 64k tokens of English.
+pub const CONTINUATION_MAX_TEXT_BYTES: u64 = 256 * 1024;
+/// `drain.deadline`: within Kubernetes' default grace of 30 s, so a
+/// terminating replica's answers move before it is killed.
+pub const REPLICA_DRAIN_DEADLINE: Duration = Duration::from_secs(20);
 /// `scheduling.metrics.interval`.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
 /// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.

@@ -551,6 +551,69 @@ pub struct Pool {
     /// gateway's own guess (the default), or the engines' KV-cache events.
     #[serde(default)]
     pub prefix_cache: PrefixCache,
+    /// What happens to a generation whose replica breaks or stalls after
+    /// it started answering: it goes on from another replica.
+    #[serde(default)]
+    pub continuation: Continuation,
+    /// How a replica leaves the pool without cutting its streams.
+    #[serde(default)]
+    pub drain: ReplicaDrain,
+}
+
+/// Mid-stream continuation: a broken generation is sent on to another
+/// replica with the text generated so far, and the client's one response
+/// goes on.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Continuation {
+    /// Continue broken generations (default: on).
+    pub enabled: Option<bool>,
+    /// Continuations one request may make, each on another replica.
+    pub max_attempts: Option<u32>,
+    /// A replica that sends nothing for this long mid-answer is abandoned
+    /// and the answer continued elsewhere.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub idle_timeout: Option<Duration>,
+    /// The most generated text kept per answer to continue from; an answer
+    /// longer than this is not continued.
+    pub max_text_bytes: Option<u64>,
+}
+
+impl Continuation {
+    pub fn enabled(&self) -> bool {
+        self.enabled.unwrap_or(defaults::CONTINUATION_ENABLED)
+    }
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+            .unwrap_or(defaults::CONTINUATION_MAX_ATTEMPTS)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
+            .unwrap_or(defaults::CONTINUATION_IDLE_TIMEOUT)
+    }
+    pub fn max_text_bytes(&self) -> u64 {
+        self.max_text_bytes
+            .unwrap_or(defaults::CONTINUATION_MAX_TEXT_BYTES)
+    }
+}
+
+/// A replica leaving the pool (removed, terminating, or drained by hand)
+/// gets no new requests; its answers finish where they are until the
+/// deadline, and are then continued on other replicas.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReplicaDrain {
+    /// How long a leaving replica's answers may run where they are.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub deadline: Option<Duration>,
+}
+
+impl ReplicaDrain {
+    pub fn deadline(&self) -> Duration {
+        self.deadline.unwrap_or(defaults::REPLICA_DRAIN_DEADLINE)
+    }
 }
 
 /// Which index scores prefix affinity, and how to follow the engines'

@@ -9,6 +9,7 @@ use std::time::Duration;
 use picker::{Scorer, Weights};
 use signals::Dialect;
 
+mod continuation;
 mod global;
 mod names;
 mod prefix_cache;
@@ -179,6 +180,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
         check_replicas(&mut p, &path, pool, unreadable);
         check_scheduling(&mut p, &path, pool, unreadable);
         prefix_cache::check(&mut p, &format!("{path}.prefixCache"), &pool.prefix_cache);
+        continuation::check(&mut p, &path, pool);
     }
     let every_name_read = !unreadable.covers("spec.pools")
         && (0..spec.pools.len()).all(|i| {
