@@ -1,8 +1,13 @@
 //! A replica as the picker sees it: its address, the load this gateway has
-//! put on it, and the latest observation of its engine.
+//! put on it, the latest observation of its engine, and whether it is
+//! draining (taking no new requests) or evacuating (its streams should
+//! move elsewhere).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use arc_swap::{ArcSwap, Guard};
 
@@ -23,6 +28,11 @@ pub struct Load {
     /// byte): waiting in its queue or being prefilled.
     unanswered: AtomicU64,
     completed: AtomicU64,
+    /// Set while a task waits for `requests` to reach 0 (see
+    /// [`Endpoint::idle`]): only then does a release look for a waker.
+    idle_wanted: AtomicBool,
+    /// The task waiting for `requests` to reach 0.
+    idle_waker: Mutex<Option<Waker>>,
 }
 
 impl Load {
@@ -41,6 +51,65 @@ impl Load {
     /// Requests released since start; the gateway derives drain rates from it.
     pub fn completed(&self) -> u64 {
         self.completed.load(Ordering::Relaxed)
+    }
+
+    /// One request released: wake the task waiting for the last one.
+    fn release(&self, tokens: u64) {
+        self.tokens.fetch_sub(tokens, Ordering::Relaxed);
+        self.completed.fetch_add(1, Ordering::Relaxed);
+        // Sequentially consistent with the waiter's flag and its own read
+        // of `requests`: either the waiter sees this release, or this
+        // release sees the waiter (the store-buffer case). On x86 the
+        // read-modify-write costs what a relaxed one does, and the load a
+        // plain load.
+        let before = self.requests.fetch_sub(1, Ordering::SeqCst);
+        if before == 1 && self.idle_wanted.load(Ordering::SeqCst) {
+            self.idle_wanted.store(false, Ordering::SeqCst);
+            let waker = self
+                .idle_waker
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+        }
+    }
+
+    fn poll_idle(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.requests.load(Ordering::SeqCst) == 0 {
+            return Poll::Ready(());
+        }
+        {
+            let mut slot = self.idle_waker.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_mut() {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                _ => *slot = Some(cx.waker().clone()),
+            }
+        }
+        // After the waker is in place: a release that sees the flag finds
+        // it.
+        self.idle_wanted.store(true, Ordering::SeqCst);
+        if self.requests.load(Ordering::SeqCst) == 0 {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// Resolves when the replica has no request of this gateway in flight;
+/// see [`Endpoint::idle`].
+#[derive(Debug)]
+pub struct Idle<'a> {
+    load: &'a Load,
+}
+
+impl Future for Idle<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.load.poll_idle(cx)
     }
 }
 
@@ -73,12 +142,15 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.answered();
-        let load = &self.endpoint.load;
-        load.requests.fetch_sub(1, Ordering::Relaxed);
-        load.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
-        load.completed.fetch_add(1, Ordering::Relaxed);
+        self.endpoint.load.release(self.tokens);
     }
 }
+
+/// Whether a replica takes new requests (see [`Endpoint::draining`]).
+const SERVING: u8 = 0;
+const DRAINING: u8 = 1;
+/// Draining, and its streams should move to other replicas.
+const EVACUATING: u8 = 2;
 
 /// One replica of a pool.
 #[derive(Debug)]
@@ -110,6 +182,8 @@ pub struct Endpoint {
     /// Seconds per generated token as this gateway measures it, a moving
     /// average (`f64` bits; 0 while nothing was measured).
     token_time: AtomicU64,
+    /// `SERVING`, `DRAINING` or `EVACUATING`.
+    drain: AtomicU8,
 }
 
 impl Endpoint {
@@ -126,6 +200,7 @@ impl Endpoint {
             inflight_at_seen: AtomicU64::new(0),
             context_limit: AtomicU64::new(0),
             token_time: AtomicU64::new(0),
+            drain: AtomicU8::new(SERVING),
         })
     }
 
@@ -225,6 +300,49 @@ impl Endpoint {
     pub fn set_reachable(&self, reachable: bool) {
         self.unreachable.store(!reachable, Ordering::Relaxed);
     }
+
+    /// A draining replica is never picked, by any policy or fallback, for
+    /// a new request or a waiting one; the requests it has in flight go on.
+    pub fn draining(&self) -> bool {
+        self.drain.load(Ordering::Relaxed) != SERVING
+    }
+
+    /// Start draining (an evacuating replica stays evacuating), or stop:
+    /// `false` makes the replica a candidate again and ends an evacuation.
+    pub fn set_draining(&self, draining: bool) {
+        if draining {
+            let _ = self.drain.compare_exchange(
+                SERVING,
+                DRAINING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        } else {
+            self.drain.store(SERVING, Ordering::Relaxed);
+        }
+    }
+
+    /// Drain, and ask for the replica's streams to move to other replicas
+    /// now: whoever relays a stream from it reads [`Endpoint::evacuating`]
+    /// as frames arrive.
+    pub fn evacuate(&self) {
+        self.drain.store(EVACUATING, Ordering::Relaxed);
+    }
+
+    /// Whether the replica's streams should move elsewhere. Implies
+    /// [`Endpoint::draining`]. One relaxed load: cheap enough to read on
+    /// every frame of a stream.
+    pub fn evacuating(&self) -> bool {
+        self.drain.load(Ordering::Relaxed) == EVACUATING
+    }
+
+    /// Resolves once no request of this gateway is in flight to the
+    /// replica (at once when none is). Woken by the release of the last
+    /// one, not by polling. One task waits at a time: a second waiter
+    /// takes the first one's place.
+    pub fn idle(&self) -> Idle<'_> {
+        Idle { load: &self.load }
+    }
 }
 
 #[cfg(test)]
@@ -254,5 +372,87 @@ mod tests {
             (0, 0, 0)
         );
         assert_eq!(load.completed(), 2);
+    }
+
+    #[test]
+    fn evacuating_implies_draining_and_undraining_ends_both() {
+        let endpoint = Endpoint::new(0, "10.0.0.1:8000");
+        assert!(!endpoint.draining() && !endpoint.evacuating());
+        endpoint.set_draining(true);
+        assert!(endpoint.draining() && !endpoint.evacuating());
+        endpoint.evacuate();
+        assert!(endpoint.draining() && endpoint.evacuating());
+        endpoint.set_draining(true);
+        assert!(endpoint.evacuating(), "draining again keeps the evacuation");
+        endpoint.set_draining(false);
+        assert!(!endpoint.draining() && !endpoint.evacuating());
+        endpoint.evacuate();
+        assert!(endpoint.draining(), "evacuating from serving drains too");
+    }
+
+    /// A waker that counts its wakes.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn idle_resolves_when_the_last_request_is_released() {
+        let endpoint = Endpoint::new(0, "10.0.0.1:8000");
+        let counting = Arc::new(Counting(Default::default()));
+        let waker = Waker::from(Arc::clone(&counting));
+        let mut cx = Context::from_waker(&waker);
+        let mut idle = std::pin::pin!(endpoint.idle());
+        assert!(idle.as_mut().poll(&mut cx).is_ready(), "idle at once");
+
+        let first = endpoint.acquire(1);
+        let second = endpoint.acquire(1);
+        let mut idle = std::pin::pin!(endpoint.idle());
+        assert!(idle.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+        assert_eq!(counting.0.load(Ordering::SeqCst), 0, "one still runs");
+        drop(second);
+        assert_eq!(counting.0.load(Ordering::SeqCst), 1, "woken by the last");
+        assert!(idle.as_mut().poll(&mut cx).is_ready());
+
+        // Releases with nobody waiting wake nobody.
+        drop(endpoint.acquire(1));
+        assert_eq!(counting.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn idle_is_woken_across_threads() {
+        let endpoint = Endpoint::new(0, "10.0.0.1:8000");
+        for _ in 0..200 {
+            let guards: Vec<LoadGuard> = (0..4).map(|_| endpoint.acquire(1)).collect();
+            let releasing = std::thread::spawn(move || drop(guards));
+            // A waiter parks the thread until woken: a missed wake would
+            // hang the test.
+            block_on(endpoint.idle());
+            releasing.join().unwrap();
+            assert_eq!(endpoint.load.requests(), 0);
+        }
+    }
+
+    /// Run a future to completion on this thread, parking between polls.
+    fn block_on<F: Future>(future: F) -> F::Output {
+        struct Unpark(std::thread::Thread);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        loop {
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return out;
+            }
+            std::thread::park();
+        }
     }
 }

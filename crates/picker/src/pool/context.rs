@@ -21,7 +21,12 @@ pub fn exclude_too_small(
         return None;
     }
     let limit = |ep: &Arc<Endpoint>| ep.context_limit().or(configured);
-    let candidates = || snapshot.iter().filter(|ep| !exclude.contains(&ep.index));
+    // A draining replica is never picked, so its context decides nothing.
+    let candidates = || {
+        snapshot
+            .iter()
+            .filter(|ep| !exclude.contains(&ep.index) && !ep.draining())
+    };
     let small = |ep: &Arc<Endpoint>| limit(ep).is_some_and(|limit| limit < needed);
     if !candidates().any(small) {
         return None;

@@ -106,7 +106,8 @@ impl Picker {
     ///
     /// `exclude` lists endpoint indexes this request already tried. `now`
     /// is the only clock the picker sees. Candidates are the reachable,
-    /// non-excluded endpoints that can hold the request's context; see
+    /// non-draining, non-excluded endpoints that can hold the request's
+    /// context (a draining one is never picked, not even as a fallback); see
     /// [`Policy`] for what each policy does with them.
     pub fn pick<R: Rng + ?Sized>(
         &self,

@@ -1,7 +1,8 @@
 //! The scored pick, in the steps docs/picker.md names: the candidates
-//! (reachable, not excluded, healthy, unsaturated; over a sample in large
-//! pools), their prefix matches, the scores, the choice (highest weighted
-//! total, random among ties) and, when asked, the explanation.
+//! (reachable, not draining, not excluded, healthy, unsaturated; over a
+//! sample in large pools), their prefix matches, the scores, the choice
+//! (highest weighted total, random among ties) and, when asked, the
+//! explanation.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -147,7 +148,7 @@ impl ScoredPick<'_> {
     }
 
     /// Fill the scratch with the candidates and their signals: reachable,
-    /// not excluded, healthy and unsaturated replicas. A large pool is
+    /// not draining, not excluded, healthy and unsaturated replicas. A large pool is
     /// filtered over a sample, and whole only when no sampled replica
     /// passes, so the pool is only called saturated when all of it is.
     fn candidates<R: Rng + ?Sized>(&self, rng: &mut R, scratch: &mut Scratch) -> Census {
@@ -225,9 +226,9 @@ impl ScoredPick<'_> {
         }
     }
 
-    /// Filter one replica (reachable, not excluded, healthy, unsaturated),
-    /// count it in the census, and if it passes add it to the candidates
-    /// with its signals.
+    /// Filter one replica (reachable, not draining, not excluded, healthy,
+    /// unsaturated), count it in the census, and if it passes add it to the
+    /// candidates with its signals.
     fn consider(
         &self,
         census: &mut Census,

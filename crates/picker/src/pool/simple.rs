@@ -1,6 +1,7 @@
 //! Policies that ignore scraped signals: round-robin, least-request and
-//! random. They still skip unreachable and excluded endpoints. Least-request
-//! is also the scored policy's fallback when no replica has fresh metrics.
+//! random. They still skip unreachable, draining and excluded endpoints.
+//! Least-request is also the scored policy's fallback when no replica has
+//! fresh metrics.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,9 +10,10 @@ use rand::Rng;
 
 use crate::endpoint::Endpoint;
 
-/// Reachable and not already tried by this request.
+/// Reachable, not draining, and not already tried by this request. Every
+/// policy and fallback picks among these only.
 pub(super) fn is_candidate(endpoint: &Endpoint, exclude: &[usize]) -> bool {
-    endpoint.is_reachable() && !exclude.contains(&endpoint.index)
+    endpoint.is_reachable() && !endpoint.draining() && !exclude.contains(&endpoint.index)
 }
 
 fn candidates<'a, 'b>(

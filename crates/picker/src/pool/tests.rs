@@ -190,6 +190,88 @@ fn unreachable_replica_is_skipped_by_every_policy() {
 }
 
 #[test]
+fn a_draining_replica_is_never_picked_by_any_policy_or_fallback() {
+    let now = Instant::now();
+    for policy in Policy::ALL {
+        // The draining replica is the least loaded and the only healthy
+        // one: every preference points at it.
+        let pool = fleet(with_policy(policy), vec![idle(), busy(4, 0.9)], now);
+        let endpoints = pool.endpoints();
+        let _held = endpoints[1].acquire(10);
+        endpoints[0].set_draining(true);
+        let mut rng = rng();
+        for _ in 0..20 {
+            let decision = pool
+                .pick(&PickRequest::default(), now, &[], &mut rng)
+                .unwrap();
+            assert_eq!(decision.index(), 1, "{policy}");
+        }
+        // No metrics anywhere: the least-request fallback skips it too.
+        let later = now + Duration::from_secs(60);
+        for _ in 0..20 {
+            let decision = pool
+                .pick(&PickRequest::default(), later, &[], &mut rng)
+                .unwrap();
+            assert_eq!(decision.index(), 1, "{policy} fallback");
+        }
+        // Evacuating is draining.
+        endpoints[0].evacuate();
+        assert_eq!(pick_index(&pool, &PickRequest::default(), now, &[]), 1);
+        // Undrained, it is a candidate again.
+        endpoints[0].set_draining(false);
+        let picked: Vec<usize> = (0..40)
+            .map(|_| {
+                pool.pick(&PickRequest::default(), now, &[], &mut rng)
+                    .unwrap()
+                    .index()
+            })
+            .collect();
+        assert!(picked.contains(&0), "{policy}: {picked:?}");
+    }
+}
+
+#[test]
+fn a_pool_with_every_replica_draining_has_no_replica() {
+    let now = Instant::now();
+    for policy in Policy::ALL {
+        let pool = fleet(with_policy(policy), vec![idle(), idle()], now);
+        for endpoint in pool.endpoints().iter() {
+            endpoint.set_draining(true);
+        }
+        assert_eq!(
+            pool.pick(&PickRequest::default(), now, &[], &mut rng())
+                .unwrap_err(),
+            PickError::NoReplicas,
+            "{policy}"
+        );
+        let later = now + Duration::from_secs(60);
+        assert_eq!(
+            pool.pick(&PickRequest::default(), later, &[], &mut rng())
+                .unwrap_err(),
+            PickError::NoReplicas,
+            "{policy}: no fallback to a draining replica"
+        );
+    }
+}
+
+#[test]
+fn a_draining_replica_with_the_largest_context_does_not_decide_what_fits() {
+    let now = Instant::now();
+    let pool = fleet(scored(), vec![idle(), idle()], now);
+    let endpoints = pool.endpoints();
+    endpoints[0].set_context_limit(131_072);
+    endpoints[1].set_context_limit(32_768);
+    endpoints[0].set_draining(true);
+    // Too long for the one replica left: it is still tried (its refusal is
+    // the answer), never the draining one.
+    let req = PickRequest {
+        context_tokens: 100_000,
+        ..PickRequest::default()
+    };
+    assert_eq!(pick_index(&pool, &req, now, &[]), 1);
+}
+
+#[test]
 fn saturated_pool_answers_saturated_with_retry_after() {
     let now = Instant::now();
     let pool = fleet(
