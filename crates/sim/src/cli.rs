@@ -73,6 +73,19 @@ pub struct SimArgs {
     /// Fault: every engine step takes this many times longer.
     #[arg(long, default_value_t = 1.0)]
     pub slowdown: f64,
+    /// Fault: close the connection of every answer after this many of its
+    /// tokens, as a dying process would (a stream's body breaks off, a
+    /// non-streaming request gets no response).
+    #[arg(long)]
+    pub cut_after_tokens: Option<u32>,
+    /// Fault: stop sending every answer after this many of its tokens,
+    /// keeping the connection open.
+    #[arg(long)]
+    pub stall_after_tokens: Option<u32>,
+    /// Fault: crash the replica (stop listening, drop every connection)
+    /// after this many tokens of any answer.
+    #[arg(long)]
+    pub crash_after_tokens: Option<u32>,
     /// Publish KV-cache events (vLLM's --kv-events-config wire format) on
     /// this port, replica i on port + i.
     #[arg(long)]
@@ -143,6 +156,9 @@ impl SimArgs {
                 hang: self.hang,
                 metrics: self.metrics_fault,
                 slowdown: self.slowdown,
+                cut_after_tokens: self.cut_after_tokens,
+                stall_after_tokens: self.stall_after_tokens,
+                crash_after_tokens: self.crash_after_tokens,
             },
             kv_events: self.kv_events_port.map(|port| KvEventsSpec {
                 port,
@@ -264,6 +280,12 @@ mod tests {
             "2",
             "--scheduling-policy",
             "priority",
+            "--cut-after-tokens",
+            "5",
+            "--stall-after-tokens",
+            "6",
+            "--crash-after-tokens",
+            "7",
         ]);
         let spec = cli.sim.fleet_spec();
         assert_eq!(spec.replicas, 4);
@@ -279,6 +301,9 @@ mod tests {
         assert_eq!(spec.faults.metrics, MetricsFault::Frozen);
         assert_eq!(spec.faults.error_rate, 0.25);
         assert_eq!(spec.faults.slowdown, 2.0);
+        assert_eq!(spec.faults.cut_after_tokens, Some(5));
+        assert_eq!(spec.faults.stall_after_tokens, Some(6));
+        assert_eq!(spec.faults.crash_after_tokens, Some(7));
         assert_eq!(spec.scheduling_policy, SchedulingPolicy::Priority);
         assert_eq!(
             spec.replica(1).engine_config().unwrap().scheduling_policy,

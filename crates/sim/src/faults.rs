@@ -9,8 +9,31 @@
 //!   or `garbage` (200 with a body that is not Prometheus text);
 //! - `slowdown`: every engine step takes this many times longer (thermal
 //!   throttling, a noisy neighbour);
+//! - `cut_after_tokens`: every answer longer than that many tokens dies after
+//!   them, as if the server process had: a stream's connection is closed
+//!   once the events of those tokens are written (no closing chunk, no
+//!   `[DONE]`, no terminating zero-length chunk: the client sees a broken
+//!   body); a non-streaming request's connection is closed without a
+//!   response;
+//! - `stall_after_tokens`: every answer longer than that many tokens stops
+//!   after them and the connection stays open: a stream sends nothing more,
+//!   a non-streaming request is never answered;
+//! - `crash_after_tokens`: the first answer to get past that many tokens
+//!   crashes the whole replica after them (as `POST /admin/crash`: it stops
+//!   listening and drops every connection), once a stream's events for
+//!   those tokens are written;
 //! - crash (`POST /admin/crash`, not a state): the replica stops listening and
-//!   drops every connection.
+//!   drops every connection;
+//! - graceful stop (`POST /admin/stop`, not a state): new inference requests
+//!   get a 503 (`/health` too), the ones in flight run to their end, then the
+//!   replica stops listening.
+//!
+//! The `*_after_tokens` faults count the tokens of each answer (an answer of
+//! at most that many tokens is untouched; 0 strikes before the first token),
+//! and apply to the requests that start while they are set. When several
+//! would strike one answer, the one with the fewest tokens does (on a tie: a
+//! crash, then a cut, then a stall). In the admin API they are numbers, or
+//! `null` (off); `POST /admin/faults` with `null` turns one off.
 
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
@@ -47,6 +70,13 @@ pub struct Faults {
     pub metrics: MetricsFault,
     /// Engine slow-down factor: 1 is normal, 3 makes every step 3× longer.
     pub slowdown: f64,
+    /// Close the connection of every answer after this many of its tokens.
+    pub cut_after_tokens: Option<u32>,
+    /// Stop sending every answer after this many of its tokens, keeping the
+    /// connection open.
+    pub stall_after_tokens: Option<u32>,
+    /// Crash the replica after this many tokens of any answer.
+    pub crash_after_tokens: Option<u32>,
 }
 
 impl Default for Faults {
@@ -56,6 +86,9 @@ impl Default for Faults {
             hang: false,
             metrics: MetricsFault::Ok,
             slowdown: 1.0,
+            cut_after_tokens: None,
+            stall_after_tokens: None,
+            crash_after_tokens: None,
         }
     }
 }
@@ -81,6 +114,43 @@ impl Faults {
     pub fn any(&self) -> bool {
         *self != Faults::default()
     }
+
+    /// The fault that strikes an answer of `planned` tokens, if any.
+    pub fn token_fault(&self, planned: u32) -> Option<TokenFault> {
+        // Ties go to the first listed.
+        [
+            (self.crash_after_tokens, TokenFaultKind::Crash),
+            (self.cut_after_tokens, TokenFaultKind::Cut),
+            (self.stall_after_tokens, TokenFaultKind::Stall),
+        ]
+        .into_iter()
+        .filter_map(|(after, kind)| {
+            Some(TokenFault {
+                after: after?,
+                kind,
+            })
+        })
+        .filter(|fault| fault.after < planned)
+        .min_by_key(|fault| fault.after)
+    }
+}
+
+/// What happens to an answer after some of its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenFault {
+    /// Tokens sent (or generated, without streaming) before it strikes.
+    pub after: u32,
+    pub kind: TokenFaultKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFaultKind {
+    /// Close the connection.
+    Cut,
+    /// Send nothing more, keep the connection.
+    Stall,
+    /// Crash the replica.
+    Crash,
 }
 
 /// A partial change of faults: absent fields keep their current value.
@@ -92,6 +162,35 @@ pub struct FaultsUpdate {
     pub hang: Option<bool>,
     pub metrics: Option<MetricsFault>,
     pub slowdown: Option<f64>,
+    /// `Some(None)` (JSON `null`) turns the fault off.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cut_after_tokens: Option<Option<u32>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub stall_after_tokens: Option<Option<u32>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub crash_after_tokens: Option<Option<u32>>,
+}
+
+/// A field that is present, `null` or not: absent fields stay `None` by
+/// `#[serde(default)]`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
 }
 
 impl FaultsUpdate {
@@ -101,6 +200,9 @@ impl FaultsUpdate {
             hang: self.hang.unwrap_or(faults.hang),
             metrics: self.metrics.unwrap_or(faults.metrics),
             slowdown: self.slowdown.unwrap_or(faults.slowdown),
+            cut_after_tokens: self.cut_after_tokens.unwrap_or(faults.cut_after_tokens),
+            stall_after_tokens: self.stall_after_tokens.unwrap_or(faults.stall_after_tokens),
+            crash_after_tokens: self.crash_after_tokens.unwrap_or(faults.crash_after_tokens),
         }
     }
 }
@@ -193,7 +295,9 @@ mod tests {
         let json = serde_json::to_value(Faults::default()).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"error_rate": 0.0, "hang": false, "metrics": "ok", "slowdown": 1.0})
+            serde_json::json!({"error_rate": 0.0, "hang": false, "metrics": "ok", "slowdown": 1.0,
+                               "cut_after_tokens": null, "stall_after_tokens": null,
+                               "crash_after_tokens": null})
         );
         assert!(!Faults::default().any());
         assert!(
@@ -211,5 +315,66 @@ mod tests {
             .validate()
             .is_err()
         );
+    }
+
+    #[test]
+    fn token_faults_are_set_cleared_and_pick_the_earliest() {
+        let state = FaultState::new(Faults::default(), 1).unwrap();
+        let set: FaultsUpdate =
+            serde_json::from_str(r#"{"cut_after_tokens":5,"stall_after_tokens":3}"#).unwrap();
+        let now = state.update(&set).unwrap();
+        assert_eq!(
+            (now.cut_after_tokens, now.stall_after_tokens),
+            (Some(5), Some(3))
+        );
+        let kept = state
+            .update(&serde_json::from_str(r#"{"hang":false}"#).unwrap())
+            .unwrap();
+        assert_eq!(kept.cut_after_tokens, Some(5), "absent: kept");
+        let cleared = state
+            .update(&serde_json::from_str(r#"{"stall_after_tokens":null}"#).unwrap())
+            .unwrap();
+        assert_eq!(
+            (cleared.cut_after_tokens, cleared.stall_after_tokens),
+            (Some(5), None)
+        );
+        // An update serializes back to itself (an absent field stays absent).
+        let json = serde_json::to_string(&set).unwrap();
+        assert_eq!(serde_json::from_str::<FaultsUpdate>(&json).unwrap(), set);
+        assert!(serde_json::from_str::<FaultsUpdate>(r#"{"cut_after_tokens":-1}"#).is_err());
+
+        let faults = Faults {
+            cut_after_tokens: Some(5),
+            stall_after_tokens: Some(3),
+            crash_after_tokens: Some(3),
+            ..Faults::default()
+        };
+        let crash = TokenFault {
+            after: 3,
+            kind: TokenFaultKind::Crash,
+        };
+        assert_eq!(
+            faults.token_fault(100),
+            Some(crash),
+            "earliest, crash on a tie"
+        );
+        assert_eq!(faults.token_fault(4), Some(crash));
+        assert_eq!(
+            faults.token_fault(3),
+            None,
+            "an answer of 3 tokens is untouched"
+        );
+        let cut = Faults {
+            cut_after_tokens: Some(0),
+            ..Faults::default()
+        };
+        assert_eq!(
+            cut.token_fault(1),
+            Some(TokenFault {
+                after: 0,
+                kind: TokenFaultKind::Cut
+            })
+        );
+        assert_eq!(Faults::default().token_fault(1000), None);
     }
 }

@@ -12,8 +12,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::engine::{Engine, EngineConfig, SchedulingPolicy};
-use crate::faults::{FaultState, Faults};
-use crate::http::{self, AppState, StopMode, StopSignal};
+use crate::faults::{FaultState, Faults, FaultsUpdate};
+use crate::http::{self, AppState, Drain, StopMode, StopSignal};
 use crate::kv_cache_events::{self, KvEventSink, KvEventsSpec};
 use crate::metrics::{self, Dialect, Exporter, ReplicaIdentity};
 use crate::replica::EngineClient;
@@ -168,6 +168,7 @@ pub struct ReplicaInfo {
 /// [`shutdown`](Self::shutdown) for a graceful stop.
 pub struct ReplicaHandle {
     info: ReplicaInfo,
+    state: Arc<AppState>,
     stop: Arc<StopSignal>,
     stopped: watch::Receiver<bool>,
     engine: EngineClient,
@@ -183,6 +184,25 @@ impl ReplicaHandle {
 
     pub fn info(&self) -> &ReplicaInfo {
         &self.info
+    }
+
+    /// The faults in force.
+    pub fn faults(&self) -> Faults {
+        self.state.faults.current()
+    }
+
+    /// Changes the faults in force, as `POST /admin/faults` does with the
+    /// same body; the faults now in force.
+    pub fn set_faults(&self, update: &FaultsUpdate) -> anyhow::Result<Faults> {
+        http::apply_faults(&self.state, update).map_err(|error| anyhow::anyhow!(error.message))
+    }
+
+    /// Begins a graceful stop, as `POST /admin/stop`: new inference
+    /// requests get a 503 (and `/health` too), the ones in flight run to
+    /// their end however long that takes, then the replica stops listening
+    /// ([`stopped`](Self::stopped) resolves).
+    pub fn drain(&self) {
+        self.state.begin_drain();
     }
 
     /// Stops accepting, lets open requests finish (up to [`SHUTDOWN_DRAIN`]),
@@ -297,6 +317,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     let scheduling_policy = config.scheduling_policy;
     let model_root = config.model.hf_id;
     let max_model_len = config.max_model_len;
+    let dialect = spec.dialect;
     let (engine, actor) = EngineClient::spawn(
         Engine::new(config),
         spec.time_scale,
@@ -310,6 +331,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         served_model,
         model_root: model_root.to_owned(),
         max_model_len,
+        dialect,
         lora_enabled,
         seed: spec.seed,
         scheduling_policy,
@@ -319,6 +341,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         exporter: Mutex::new(Exporter::new(spec.dialect, identity)),
         last_metrics: Mutex::new(None),
         stop: stop.clone(),
+        drain: Arc::new(Drain::default()),
     });
     for name in &spec.adapters {
         state
@@ -327,6 +350,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     }
 
     let (stopped_tx, stopped) = watch::channel(false);
+    let handle_state = state.clone();
     tokio::spawn(async move {
         http::serve(listener, state, SHUTDOWN_DRAIN).await;
         actor.abort();
@@ -338,6 +362,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     );
     Ok(ReplicaHandle {
         info,
+        state: handle_state,
         stop,
         stopped,
         engine: handle_engine,

@@ -6,7 +6,10 @@
 //! driven in scaled real time behind an HTTP front that speaks the OpenAI API
 //! and exposes `/metrics` with the exact names of vLLM, SGLang, TGI or
 //! llama.cpp. Faults (errors, hangs, dead or frozen metrics, slow-downs,
-//! crashes) can be switched on at start or at run time.
+//! answers cut or stalled mid-stream, crashes) can be switched on at start
+//! or at run time, and a replica can be stopped gracefully. A prompt that
+//! carries the beginning of an answer (a gateway resuming a stream a dead
+//! replica started) gets exactly the rest of it.
 //!
 //! - [`start_replica`] / [`start_fleet`]: run replicas in-process (tests, bench).
 //! - [`cli`]: `infergate sim`, a fleet on consecutive ports until Ctrl-C.

@@ -1,5 +1,5 @@
 //! `/metrics`, `/health` and the fault-injection admin API
-//! (`GET|POST /admin/faults`, `POST /admin/crash`).
+//! (`GET|POST /admin/faults`, `POST /admin/crash`, `POST /admin/stop`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 
 use super::body::{ApiError, ResponseBody, boxed, json, read_json, text};
 use super::state::{AppState, StopMode};
-use crate::faults::{FaultsUpdate, MetricsFault};
+use crate::faults::{Faults, FaultsUpdate, MetricsFault};
 
 /// What `/metrics` serves under the `garbage` fault: a page a proxy in the
 /// way might answer with, 200 and all.
@@ -79,17 +79,35 @@ pub(super) async fn set_faults(state: Arc<AppState>, body: Incoming) -> Response
         Ok(update) => update,
         Err(error) => return error.into_response(),
     };
-    let faults = match state.faults.update(&update) {
-        Ok(faults) => faults,
-        Err(message) => return ApiError::bad_request(message).into_response(),
-    };
+    match apply_faults(&state, &update) {
+        Ok(faults) => json(StatusCode::OK, &faults),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Applies a change of faults (the admin API's, or a test's through the
+/// replica's handle); the faults now in force.
+pub(crate) fn apply_faults(state: &AppState, update: &FaultsUpdate) -> Result<Faults, ApiError> {
+    let faults = state.faults.update(update).map_err(ApiError::bad_request)?;
     if let Some(factor) = update.slowdown
         && state.engine.set_slowdown(factor).is_err()
     {
-        return ApiError::internal("The engine has stopped.").into_response();
+        return Err(ApiError::internal("The engine has stopped."));
     }
     tracing::info!(?faults, "faults changed");
-    json(StatusCode::OK, &faults)
+    Ok(faults)
+}
+
+/// A graceful stop: new inference requests get a 503 from now on, the ones
+/// in flight run to their end, then the replica stops listening. Answers
+/// with the number of requests it waits for.
+pub(super) fn stop(state: &Arc<AppState>) -> Response<ResponseBody> {
+    tracing::warn!("graceful stop requested through the admin API");
+    state.begin_drain();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({"stopping": true, "in_flight": state.drain.in_flight()}),
+    )
 }
 
 /// Answers, then crashes the replica once the answer has been handed to the

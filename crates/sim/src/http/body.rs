@@ -24,6 +24,43 @@ where
     body.boxed_unsync()
 }
 
+/// A body that keeps `held` alive until it is dropped (when the response has
+/// been written, or its connection is gone).
+pub struct Holding<B, T> {
+    inner: B,
+    _held: T,
+}
+
+impl<B, T> Holding<B, T> {
+    pub fn new(inner: B, held: T) -> Self {
+        Self { inner, _held: held }
+    }
+}
+
+impl<B, T> http_body::Body for Holding<B, T>
+where
+    B: http_body::Body + Unpin,
+    T: Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 pub fn empty(status: StatusCode) -> Response<ResponseBody> {
     with_status(status, boxed(Empty::new()))
 }

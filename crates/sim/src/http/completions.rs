@@ -1,6 +1,11 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: parse, check the
 //! model and the context window, hand the prompt to the engine, and answer
 //! as the tokens come — one SSE event per token when streaming.
+//!
+//! A prompt that continues an answer (a chat's final assistant message it
+//! asks to continue, a completion prompt ending with the beginning of its
+//! head's answer, as text or token ids) gets the rest of that answer; see
+//! `output` for how continuations are recognised and how long they run.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,13 +15,15 @@ use http::{Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::body::{ApiError, ResponseBody, json, read_body};
+use super::connection::Kill;
 use super::generate::{self, EventStream, Prompt, Started, StreamWriter};
 use super::openai::{
-    ChatCompletionRequest, CompletionRequest, DONE_EVENT, Endpoint, ResponseHeader, StreamOptions,
-    Usage, error_event,
+    ChatCompletionRequest, ChunkIds, CompletionRequest, DONE_EVENT, Endpoint, ResponseHeader,
+    StreamOptions, Usage, error_event,
 };
 use super::output::{Filler, OutputPlan};
 use super::state::AppState;
+use crate::metrics::Dialect;
 use crate::replica::RequestEvent;
 
 /// What both endpoints reduce a request to.
@@ -25,14 +32,16 @@ struct Parsed {
     stream: bool,
     include_usage: bool,
     continuous_usage: bool,
+    return_token_ids: bool,
 }
 
 pub(super) async fn handle(
     state: Arc<AppState>,
     body: Incoming,
     endpoint: Endpoint,
+    kill: Arc<Kill>,
 ) -> Response<ResponseBody> {
-    match generate(state, body, endpoint).await {
+    match generate(state, body, endpoint, kill).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
@@ -42,11 +51,15 @@ async fn generate(
     state: Arc<AppState>,
     body: Incoming,
     endpoint: Endpoint,
+    kill: Arc<Kill>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     generate::faults(&state).await?;
     let bytes = read_body(body).await?;
-    let parsed = parse(&bytes, endpoint)?;
-    let mut started = generate::start(&state, parsed.prompt)?;
+    let parsed = parse(&bytes, endpoint, &state)?;
+    let prompt_ids = parsed
+        .return_token_ids
+        .then(|| parsed.prompt.tokens.clone());
+    let mut started = generate::start(&state, parsed.prompt, kill)?;
     let header = ResponseHeader::new(endpoint, started.model.clone());
 
     if parsed.stream {
@@ -58,55 +71,68 @@ async fn generate(
             request,
             plan,
             prompt_tokens,
+            strike,
             ..
         } = started;
-        let writer = ChunkWriter::new(header, plan, prompt_tokens, usage);
-        return Ok(EventStream::new(request, writer, Vec::new()).into_response());
+        let writer = ChunkWriter::new(header, plan, prompt_tokens, usage, prompt_ids);
+        return Ok(EventStream::new(request, writer, Vec::new(), strike).into_response());
     }
     let (finished, text) = generate::answer(&mut started).await?;
     let tokens = finished.tokens;
     let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
+    let answer_ids = prompt_ids
+        .as_ref()
+        .map(|_| started.plan.filler().ids(tokens.completion));
+    let ids = prompt_ids.as_deref().zip(answer_ids.as_deref());
     Ok(json(
         StatusCode::OK,
-        &header.response(&text, finished.finish.as_str(), usage),
+        &header.response_with_ids(&text, finished.finish.as_str(), usage, ids),
     ))
 }
 
-fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Parsed, ApiError> {
+fn parse(bytes: &[u8], endpoint: Endpoint, state: &AppState) -> Result<Parsed, ApiError> {
     let invalid =
         |e: serde_json::Error| ApiError::bad_request(format!("Invalid request body: {e}"));
     match endpoint {
         Endpoint::Chat => {
             let request: ChatCompletionRequest = serde_json::from_slice(bytes).map_err(invalid)?;
+            let prompt = request
+                .prompt(state.seed, state.dialect == Dialect::Llamacpp)
+                .map_err(ApiError::bad_request)?;
             let options = request.stream_options.as_ref();
             Ok(Parsed {
                 prompt: Prompt {
-                    tokens: request.prompt_tokens(),
+                    tokens: prompt.tokens,
                     max_tokens: request.requested_max_tokens(),
                     priority: request.priority,
                     model: request.model,
+                    resume: prompt.resume,
                 },
                 stream: request.stream.unwrap_or(false),
                 include_usage: StreamOptions::include_usage(options),
                 continuous_usage: StreamOptions::continuous_usage(options),
+                return_token_ids: request.return_token_ids.unwrap_or(false),
             })
         }
         Endpoint::Completions => {
             let request: CompletionRequest = serde_json::from_slice(bytes).map_err(invalid)?;
             let prompt = request
-                .prompt_tokens()
+                .prompt
+                .resolve(state.seed)
                 .map_err(|message| ApiError::bad_request(message).with_param("prompt"))?;
             let options = request.stream_options.as_ref();
             Ok(Parsed {
                 prompt: Prompt {
-                    tokens: prompt,
+                    tokens: prompt.tokens,
                     max_tokens: request.max_tokens,
                     priority: request.priority,
                     model: request.model,
+                    resume: prompt.resume,
                 },
                 stream: request.stream.unwrap_or(false),
                 include_usage: StreamOptions::include_usage(options),
                 continuous_usage: StreamOptions::continuous_usage(options),
+                return_token_ids: request.return_token_ids.unwrap_or(false),
             })
         }
     }
@@ -133,6 +159,10 @@ struct ChunkWriter {
     finish_sent: bool,
     include_usage: bool,
     continuous_usage: bool,
+    /// With `return_token_ids`: ids are reported, the prompt's on the first
+    /// chunk (taken then).
+    return_token_ids: bool,
+    prompt_ids: Option<Vec<u32>>,
 }
 
 impl ChunkWriter {
@@ -141,10 +171,11 @@ impl ChunkWriter {
         plan: OutputPlan,
         prompt_tokens: u32,
         usage: UsageOptions,
+        prompt_ids: Option<Vec<u32>>,
     ) -> Self {
         Self {
             header,
-            filler: Filler::new(plan.content_seed),
+            filler: plan.filler(),
             planned_tokens: plan.max_tokens,
             finish_reason: if plan.limited_by_max_tokens {
                 "length"
@@ -157,6 +188,8 @@ impl ChunkWriter {
             finish_sent: false,
             include_usage: usage.include,
             continuous_usage: usage.continuous,
+            return_token_ids: prompt_ids.is_some(),
+            prompt_ids,
         }
     }
 
@@ -165,9 +198,17 @@ impl ChunkWriter {
         let last = self.sent_tokens >= self.planned_tokens;
         let finish_reason = last.then_some(self.finish_reason);
         self.finish_sent |= last;
-        let text = self.filler.next_token();
+        let (text, id) = self.filler.next_with_id();
         let usage = self.running_usage(self.sent_tokens);
-        out.push_back(self.header.chunk(None, text, finish_reason, usage));
+        let prompt = self.prompt_ids.take();
+        let ids = ChunkIds {
+            prompt: prompt.as_deref(),
+            tokens: self.return_token_ids.then_some(std::slice::from_ref(&id)),
+        };
+        out.push_back(
+            self.header
+                .chunk_with_ids(None, text, finish_reason, usage, ids),
+        );
     }
 
     fn running_usage(&self, completion_tokens: u32) -> Option<Usage> {
@@ -182,9 +223,21 @@ impl StreamWriter for ChunkWriter {
             Some(RequestEvent::FirstToken { cached_tokens }) => {
                 self.cached_tokens = cached_tokens;
                 if self.header.endpoint == Endpoint::Chat {
-                    // vLLM opens a chat stream with the role once output starts.
+                    // vLLM opens a chat stream with the role once output
+                    // starts, the prompt's ids on it.
                     let usage = self.running_usage(0);
-                    out.push_back(self.header.chunk(Some("assistant"), "", None, usage));
+                    let prompt = self.prompt_ids.take();
+                    let ids = ChunkIds {
+                        prompt: prompt.as_deref(),
+                        tokens: None,
+                    };
+                    out.push_back(self.header.chunk_with_ids(
+                        Some("assistant"),
+                        "",
+                        None,
+                        usage,
+                        ids,
+                    ));
                 }
                 self.push_token(out);
                 false

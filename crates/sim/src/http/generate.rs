@@ -1,12 +1,13 @@
 //! What the endpoints that run prompts through the engine share: the
 //! faults every request meets first, handing a prompt to the engine,
 //! waiting for a whole answer, and a streaming body fed by the engine's
-//! events. The wire formats (chat, completions, responses) are the
-//! callers'.
+//! events; both meet the `*_after_tokens` faults. The wire formats (chat,
+//! completions, responses) are the callers'.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
@@ -14,9 +15,11 @@ use http::{HeaderValue, Response, StatusCode, header};
 use http_body::{Body, Frame};
 
 use super::body::{ApiError, ResponseBody, boxed};
-use super::output::{self, Filler, OutputPlan};
+use super::connection::Kill;
+use super::output::{self, OutputPlan, Resume};
 use super::state::AppState;
 use crate::engine::SchedulingPolicy;
+use crate::faults::{TokenFault, TokenFaultKind};
 use crate::metrics::{FinishKind, FinishedTokens};
 use crate::replica::{Generation, RequestEvent, RequestHandle};
 
@@ -43,6 +46,8 @@ pub(super) struct Prompt {
     pub max_tokens: Option<i64>,
     /// vLLM's request `priority`.
     pub priority: i64,
+    /// The answer the prompt resumes, when it is a continuation.
+    pub resume: Option<Resume>,
 }
 
 /// A prompt the engine accepted.
@@ -52,11 +57,24 @@ pub(super) struct Started {
     /// The model name to answer with.
     pub model: String,
     pub prompt_tokens: u32,
+    /// The fault that strikes this answer, if any.
+    pub strike: Option<Strike>,
+}
+
+/// A `*_after_tokens` fault, and the connection it strikes.
+pub(super) struct Strike {
+    fault: TokenFault,
+    kill: Arc<Kill>,
 }
 
 /// Checks the model and the context window, settles the answer's length and
-/// submits the prompt.
-pub(super) fn start(state: &AppState, prompt: Prompt) -> Result<Started, ApiError> {
+/// submits the prompt. `kill` is the connection's, for the faults that
+/// strike after some tokens.
+pub(super) fn start(
+    state: &AppState,
+    prompt: Prompt,
+    kill: Arc<Kill>,
+) -> Result<Started, ApiError> {
     let (model, adapter) = state.resolve_model(prompt.model.as_deref())?;
     // vLLM refuses a priority its scheduler would ignore.
     if prompt.priority != 0 && state.scheduling_policy != SchedulingPolicy::Priority {
@@ -76,6 +94,7 @@ pub(super) fn start(state: &AppState, prompt: Prompt) -> Result<Started, ApiErro
         &prompt.tokens,
         prompt.max_tokens,
         state.max_model_len,
+        prompt.resume,
     )
     .map_err(ApiError::bad_request)?;
     let prompt_tokens = prompt.tokens.len() as u32;
@@ -89,11 +108,17 @@ pub(super) fn start(state: &AppState, prompt: Prompt) -> Result<Started, ApiErro
             limited_by_max_tokens: plan.limited_by_max_tokens,
         },
     )?;
+    let strike = state
+        .faults
+        .current()
+        .token_fault(plan.max_tokens)
+        .map(|fault| Strike { fault, kill });
     Ok(Started {
         request,
         plan,
         model,
         prompt_tokens,
+        strike,
     })
 }
 
@@ -124,20 +149,48 @@ pub(super) async fn finished(request: &mut RequestHandle) -> Result<Finished, Ap
                 return Ok(Finished { tokens, finish });
             }
             Some(RequestEvent::Rejected { reason }) => return Err(ApiError::bad_request(reason)),
-            None => {
-                return Err(ApiError::internal(
-                    "The engine stopped before the answer was complete.",
-                ));
-            }
+            None => return Err(engine_stopped()),
         }
     }
 }
 
-/// The whole answer of a started request: how it ended and its text.
+/// The whole answer of a started request: how it ended and its text. A
+/// `*_after_tokens` fault strikes once that many tokens are generated: the
+/// connection is closed without a response, the replica crashes, or the
+/// answer never comes.
 pub(super) async fn answer(started: &mut Started) -> Result<(Finished, String), ApiError> {
-    let finished = finished(&mut started.request).await?;
-    let text = Filler::new(started.plan.content_seed).text(finished.tokens.completion);
+    let finished = match &started.strike {
+        None => finished(&mut started.request).await?,
+        Some(strike) => {
+            let mut tokens = 0;
+            loop {
+                if tokens >= strike.fault.after {
+                    match strike.fault.kind {
+                        TokenFaultKind::Cut => strike.kill.close_now(),
+                        TokenFaultKind::Crash => strike.kill.crash_now(),
+                        TokenFaultKind::Stall => {}
+                    }
+                    std::future::pending::<()>().await;
+                }
+                match started.request.next().await {
+                    Some(RequestEvent::FirstToken { .. } | RequestEvent::Token) => tokens += 1,
+                    Some(RequestEvent::Finished { tokens, finish }) => {
+                        break Finished { tokens, finish };
+                    }
+                    Some(RequestEvent::Rejected { reason }) => {
+                        return Err(ApiError::bad_request(reason));
+                    }
+                    None => return Err(engine_stopped()),
+                }
+            }
+        }
+    };
+    let text = started.plan.filler().text(finished.tokens.completion);
     Ok((finished, text))
+}
+
+fn engine_stopped() -> ApiError {
+    ApiError::internal("The engine stopped before the answer was complete.")
 }
 
 /// Turns a request's engine events into SSE events, in one wire format.
@@ -156,16 +209,29 @@ pub(super) struct EventStream<W> {
     /// Events ready to be written.
     pending: VecDeque<Bytes>,
     ended: bool,
+    /// Tokens the engine has produced so far.
+    tokens: u32,
+    strike: Option<Strike>,
+    struck: bool,
 }
 
 impl<W: StreamWriter> EventStream<W> {
-    /// A stream that starts with `opening` (sent before the first token).
-    pub(super) fn new(request: RequestHandle, writer: W, opening: Vec<Bytes>) -> Self {
+    /// A stream that starts with `opening` (sent before the first token),
+    /// struck by `strike` once the events of that many tokens are written.
+    pub(super) fn new(
+        request: RequestHandle,
+        writer: W,
+        opening: Vec<Bytes>,
+        strike: Option<Strike>,
+    ) -> Self {
         Self {
             request,
             writer,
             pending: opening.into(),
             ended: false,
+            tokens: 0,
+            strike,
+            struck: false,
         }
     }
 
@@ -196,7 +262,28 @@ impl<W: StreamWriter> Body for EventStream<W> {
             if this.ended {
                 return Poll::Ready(None);
             }
+            if let Some(strike) = &this.strike
+                && this.tokens >= strike.fault.after
+            {
+                // Every event up to here is handed over: a cut or a crash
+                // waits for them to leave (see `connection`); a stall just
+                // never sends more.
+                if !std::mem::replace(&mut this.struck, true) {
+                    match strike.fault.kind {
+                        TokenFaultKind::Cut => strike.kill.close_after_flush(),
+                        TokenFaultKind::Crash => strike.kill.crash_after_flush(),
+                        TokenFaultKind::Stall => {}
+                    }
+                }
+                return Poll::Pending;
+            }
             let event = ready!(this.request.poll_next(cx));
+            if matches!(
+                event,
+                Some(RequestEvent::FirstToken { .. } | RequestEvent::Token)
+            ) {
+                this.tokens += 1;
+            }
             this.ended = this.writer.on_event(event, &mut this.pending);
         }
     }

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::body::{ApiError, ResponseBody, json as json_response, read_body};
+use super::connection::Kill;
 use super::generate::{self, EventStream, Prompt, StreamWriter};
 use super::openai::{MessageContent, unix_now};
 use super::output::Filler;
@@ -109,14 +110,22 @@ impl ResponsesRequest {
     }
 }
 
-pub(super) async fn handle(state: Arc<AppState>, body: Incoming) -> Response<ResponseBody> {
-    match respond(state, body).await {
+pub(super) async fn handle(
+    state: Arc<AppState>,
+    body: Incoming,
+    kill: Arc<Kill>,
+) -> Response<ResponseBody> {
+    match respond(state, body, kill).await {
         Ok(response) => response,
         Err(error) => error.into_response(),
     }
 }
 
-async fn respond(state: Arc<AppState>, body: Incoming) -> Result<Response<ResponseBody>, ApiError> {
+async fn respond(
+    state: Arc<AppState>,
+    body: Incoming,
+    kill: Arc<Kill>,
+) -> Result<Response<ResponseBody>, ApiError> {
     generate::faults(&state).await?;
     let bytes = read_body(body).await?;
     let request: ResponsesRequest = serde_json::from_slice(&bytes)
@@ -138,20 +147,23 @@ async fn respond(state: Arc<AppState>, body: Incoming) -> Result<Response<Respon
         max_tokens: request.max_output_tokens,
         priority: 0,
         model: request.model.clone(),
+        resume: None,
     };
-    let mut started = generate::start(&state, prompt)?;
+    let mut started = generate::start(&state, prompt, kill)?;
     let object = ResponseObject::new(&request, started.model.clone());
 
     if request.stream.unwrap_or(false) {
         let mut writer = ResponseWriter {
             object,
-            filler: Filler::new(started.plan.content_seed),
+            filler: started.plan.filler(),
             text: String::new(),
             opened: false,
             sequence: 0,
         };
         let opening = writer.opening();
-        return Ok(EventStream::new(started.request, writer, opening).into_response());
+        return Ok(
+            EventStream::new(started.request, writer, opening, started.strike).into_response(),
+        );
     }
     let (finished, text) = generate::answer(&mut started).await?;
     Ok(json_response(

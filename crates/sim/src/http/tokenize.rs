@@ -3,15 +3,16 @@
 //! count tokens) without a tokenizer of its own.
 //!
 //! The ids come from the functions the generating endpoints tokenize with
-//! (`chat_tokens`, `Prompt::tokens`), so they are the engine's for the same
+//! (`chat_prompt`, `Prompt::tokens`), so they are the engine's for the same
 //! body. The engine is not involved: no faults, no queueing.
 
 use http::{Response, StatusCode};
 use hyper::body::Incoming;
 
 use super::body::{ApiError, ResponseBody, json, read_body};
-use super::openai::{TokenizeRequest, chat_tokens};
+use super::openai::{TokenizeRequest, chat_prompt};
 use super::state::AppState;
+use crate::metrics::Dialect;
 
 pub(super) async fn handle(state: &AppState, body: Incoming) -> Response<ResponseBody> {
     match tokenize(state, body).await {
@@ -26,7 +27,17 @@ async fn tokenize(state: &AppState, body: Incoming) -> Result<Response<ResponseB
         .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))?;
     state.resolve_model(request.model.as_deref())?;
     let tokens = match (&request.messages, &request.prompt) {
-        (Some(messages), _) => chat_tokens(messages, request.add_generation_prompt.unwrap_or(true)),
+        (Some(messages), _) => {
+            chat_prompt(
+                messages,
+                request.add_generation_prompt,
+                request.continue_final_message,
+                state.seed,
+                state.dialect == Dialect::Llamacpp,
+            )
+            .map_err(ApiError::bad_request)?
+            .tokens
+        }
         (None, Some(prompt)) => prompt
             .tokens()
             .map_err(|message| ApiError::bad_request(message).with_param("prompt"))?,
