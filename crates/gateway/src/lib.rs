@@ -43,7 +43,7 @@ use crate::inbound::server::{self, Workers};
 use crate::state::State;
 
 pub use crate::error::DropReason;
-pub use crate::generation::reload::Discovery;
+pub use crate::generation::reload::{DiscoveredReplica, Discovery};
 
 /// Connections the admin listener serves at once, apart from the public
 /// listeners' limit: a flood of clients must not shut out the probes and
@@ -289,8 +289,8 @@ impl Gateway {
         self.state.readiness()
     }
 
-    /// Each pool's replicas that can take requests now (reachable, with
-    /// fresh metrics when the pool scores on them, as
+    /// Each pool's replicas that can take requests now (reachable, not
+    /// draining, with fresh metrics when the pool scores on them, as
     /// `infergate_pool_ready_endpoints` counts them), in config order.
     pub fn ready_endpoints(&self) -> Vec<(String, usize)> {
         let now = std::time::Instant::now();
@@ -306,6 +306,7 @@ impl Gateway {
                     .iter()
                     .filter(|e| {
                         e.is_reachable()
+                            && !e.draining()
                             && (!config.policy.uses_signals()
                                 || picker::health(&e.observation(), now, config.stale_after)
                                     == picker::Health::Healthy)

@@ -163,9 +163,18 @@ pub async fn pods(
                 }
                 let found = replicas(store.state().iter().map(|p| &**p), &ports);
                 if last.as_ref() != Some(&found) {
+                    let listed = |terminating: bool| {
+                        found
+                            .iter()
+                            .filter(|r| r.terminating.is_some() == terminating)
+                            .map(|r| r.addr.as_str())
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    };
                     tracing::info!(
                         pool = %pool,
-                        replicas = %found.iter().map(|r| r.addr.as_str()).collect::<Vec<_>>().join(","),
+                        replicas = %listed(false),
+                        terminating = %listed(true),
                         "replicas discovered"
                     );
                     sink.replicas(&pool, found.clone());

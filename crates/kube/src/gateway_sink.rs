@@ -27,7 +27,11 @@ impl Sink for gateway::Discovery {
                     }
                     found
                 });
-                (r.addr, dialect)
+                gateway::DiscoveredReplica {
+                    addr: r.addr,
+                    dialect,
+                    terminating: r.terminating,
+                }
             })
             .collect();
         self.set_replicas(pool, replicas);

@@ -36,11 +36,27 @@ impl Sink for Recorder {
 }
 
 impl Recorder {
+    /// The replicas reported ready (terminating ones are leaving).
     fn addrs(&self) -> Option<Vec<String>> {
+        self.replicas.lock().get("p").map(|r| {
+            r.iter()
+                .filter(|r| r.terminating.is_none())
+                .map(|r| r.addr.clone())
+                .collect()
+        })
+    }
+
+    fn terminating(&self) -> Vec<String> {
         self.replicas
             .lock()
             .get("p")
-            .map(|r| r.iter().map(|r| r.addr.clone()).collect())
+            .map(|r| {
+                r.iter()
+                    .filter(|r| r.terminating.is_some())
+                    .map(|r| r.addr.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     async fn wait_addrs(&self, want: &[&str]) {
@@ -131,6 +147,14 @@ async fn nothing_is_reported_before_the_first_list_then_every_change_is() {
         .await;
     server.mark_terminating(&Resource::PODS, NS, "b");
     recorder.wait_addrs(&["10.0.0.3:8000"]).await;
+    // Terminating is leaving, reported with the end of its grace period.
+    assert_eq!(recorder.terminating(), ["10.0.0.2:8000"]);
+    let end = recorder.replicas.lock()["p"]
+        .iter()
+        .find_map(|r| r.terminating)
+        .unwrap();
+    let left = end.duration_since(std::time::SystemTime::now()).unwrap();
+    assert!(left > Duration::from_secs(20), "{left:?}");
     server.put(
         &Resource::PODS,
         NS,

@@ -146,6 +146,9 @@ pub struct Discovered {
     pub addrs: Vec<String>,
     /// Replicas whose metrics dialect is not the pool's `engine`.
     pub engines: HashMap<String, signals::Dialect>,
+    /// Replicas whose pods are terminating, with the time they are killed:
+    /// not members, draining until then at the latest.
+    pub terminating: pool::Terminating,
 }
 
 impl Runtimes {
@@ -172,7 +175,12 @@ impl Runtimes {
             return;
         }
         if let Some(runtime) = self.by_name.get(pool) {
-            runtime.set_replicas(&discovered.addrs, discovered.engines.clone(), metrics);
+            runtime.set_replicas(
+                &discovered.addrs,
+                &discovered.terminating,
+                discovered.engines.clone(),
+                metrics,
+            );
         }
         self.discovered.insert(pool.to_owned(), discovered);
     }
@@ -220,17 +228,24 @@ impl Runtimes {
                 Some(_) => self.discovered.get(&p.name).cloned().unwrap_or_default(),
                 None => Discovered {
                     addrs: p.endpoints.clone(),
-                    engines: HashMap::new(),
+                    ..Discovered::default()
                 },
             };
             runtime.set_engines(found.engines);
-            let addrs = found.addrs;
-            runtime.configure(p, &addrs, metrics, connect_timeout, tls);
+            runtime.configure(
+                p,
+                &found.addrs,
+                &found.terminating,
+                metrics,
+                connect_timeout,
+                tls,
+            );
             let pool_metrics = metrics.pool(
                 p,
                 runtime.picker(),
                 Arc::clone(runtime.admission()) as _,
                 Arc::clone(runtime.prefix_index()),
+                Arc::clone(runtime.drains()) as _,
             );
             by_name.insert(p.name.clone(), Arc::clone(&runtime));
             pools.push(Arc::new(Pool::new(runtime, pool_metrics, p)));
@@ -281,6 +296,7 @@ impl Runtimes {
     }
 }
 
+pub mod drain;
 pub mod pool;
 mod prefix_events;
 pub mod reload;

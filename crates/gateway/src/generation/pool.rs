@@ -2,12 +2,12 @@
 //! [`Runtime`]: what carries over from one generation of the config
 //! to the next, found again by the pool's name — its replicas with their
 //! in-flight load, the picker with its prefix index, flow control, each
-//! worker's connections, its TLS to `https://` replicas, and one scraper
-//! per replica.
+//! worker's connections, its TLS to `https://` replicas, one scraper
+//! per replica, and the replicas draining (drain.rs).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use picker::Endpoint;
 use tokio::task::JoinHandle;
 
+use super::drain::{DrainState, Drains, Why};
 use super::prefix_events::{EventsSource, Subscriptions};
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
@@ -22,7 +23,7 @@ use crate::inbound::parse::InferenceRequest;
 use crate::inbound::server::WorkerId;
 use crate::outbound::Connections;
 use crate::outbound::connections::Settings;
-use crate::telemetry::{EndpointSeries, Metrics, PoolMetrics};
+use crate::telemetry::{Metrics, PoolMetrics};
 use crate::tls::client::PoolTls;
 
 pub struct Runtime {
@@ -46,6 +47,8 @@ pub struct Runtime {
     prefix_index: Arc<kv_events::index::PoolIndex>,
     /// How requests are matched against it, when the pool follows events.
     events: ArcSwapOption<EventsSource>,
+    /// Replicas draining: leaving the pool, or drained by hand.
+    drains: Arc<Drains>,
 }
 
 /// Who is in the pool, and what watches them.
@@ -69,7 +72,19 @@ struct Replicas {
     prefix_events: Option<config::PrefixCache>,
     /// One per replica while the pool follows events.
     subscriptions: Subscriptions,
+    /// The generation's `drain.deadline`.
+    drain_deadline: Duration,
 }
+
+/// Replicas whose pods are terminating, by address, with the time the
+/// kubelet kills them (the pod's `deletionTimestamp`).
+pub type Terminating = HashMap<String, SystemTime>;
+
+/// A terminating replica is evacuated this long before its pod's grace
+/// period ends (less its drain deadline), so its streams move before the
+/// kill: time for the streams to notice, and for the clocks of the API
+/// server and this gateway to disagree a little.
+pub const KILL_MARGIN: Duration = Duration::from_secs(2);
 
 impl Runtime {
     /// An empty pool; [`Runtime::configure`] gives it its replicas. Needs a
@@ -100,6 +115,10 @@ impl Runtime {
             replicas: Mutex::default(),
             prefix_index: kv_events::index::PoolIndex::new(),
             events: ArcSwapOption::empty(),
+            drains: Arc::new(Drains::new(
+                Arc::from(spec.name.as_str()),
+                metrics.endpoint_series(),
+            )),
         })
     }
 
@@ -154,11 +173,12 @@ impl Runtime {
     /// Apply one generation's settings of this pool: the picker's
     /// configuration, TLS to its replicas (built by the caller, who can
     /// still refuse the generation when that fails), and the membership
-    /// `addrs`.
+    /// `addrs` (and `terminating`, replicas leaving as their pods end).
     pub fn configure(
         &self,
         spec: &config::Pool,
         addrs: &[String],
+        terminating: &Terminating,
         metrics: &Metrics,
         connect_timeout: Duration,
         tls: Option<PoolTls>,
@@ -172,7 +192,9 @@ impl Runtime {
         };
         let tls_changed = self.set_tls(tls);
         self.set_prefix_events(&spec.prefix_cache, metrics);
-        self.reconcile(addrs, scrape, metrics, connect_timeout, tls_changed);
+        self.replicas.lock().drain_deadline = spec.drain.deadline();
+        let membership = Membership { addrs, terminating };
+        self.reconcile(membership, scrape, metrics, connect_timeout, tls_changed);
     }
 
     /// Follow the replicas' KV-cache events under `settings`, or stop.
@@ -228,11 +250,13 @@ impl Runtime {
 
     /// Replace the membership between generations (replicas discovered in
     /// Kubernetes), under the scrape settings of the generation in force;
-    /// `engines` gives replicas whose metrics dialect is not the pool's.
+    /// `engines` gives replicas whose metrics dialect is not the pool's,
+    /// `terminating` those whose pods are ending.
     /// Does nothing before the first [`Runtime::configure`].
     pub fn set_replicas(
         &self,
         addrs: &[String],
+        terminating: &Terminating,
         engines: HashMap<String, signals::Dialect>,
         metrics: &Metrics,
     ) {
@@ -244,7 +268,8 @@ impl Runtime {
                 None => return,
             }
         };
-        self.reconcile(addrs, scrape, metrics, connect_timeout, false);
+        let membership = Membership { addrs, terminating };
+        self.reconcile(membership, scrape, metrics, connect_timeout, false);
     }
 
     /// Put `tls` in force unless the same settings and files already are;
@@ -265,13 +290,15 @@ impl Runtime {
 
     /// The one way membership changes. A replica that stays keeps its
     /// endpoint (its load, its id, its scraper); a newcomer gets a fresh
-    /// id and a scraper; a leaver is no longer picked, its scraper stops,
-    /// and its requests in flight run to their end (they hold its
-    /// endpoint), after which its idle connections expire.
+    /// id and a scraper; a leaver drains (drain.rs): it is no longer
+    /// picked, its scraper stops, and its requests in flight run to their
+    /// end (they hold its endpoint) or move at the drain deadline, after
+    /// which its idle connections expire. A leaver that comes back while
+    /// it drains is the same endpoint again.
     /// Scrapers restart when how they scrape changes, TLS included.
-    pub fn reconcile(
+    fn reconcile(
         &self,
-        addrs: &[String],
+        membership: Membership<'_>,
         scrape: signals::ScrapeConfig,
         metrics: &Metrics,
         connect_timeout: Duration,
@@ -284,6 +311,7 @@ impl Runtime {
             replicas.scrape = Some(scrape);
         }
         replicas.connect_timeout = connect_timeout;
+        let Membership { addrs, terminating } = membership;
         let mut endpoints: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len());
         for addr in addrs {
             if endpoints.iter().any(|e| &*e.addr == addr.as_str()) {
@@ -291,11 +319,16 @@ impl Runtime {
             }
             let endpoint = match old.iter().find(|e| &*e.addr == addr.as_str()) {
                 Some(kept) => Arc::clone(kept),
-                None => {
-                    let id = replicas.next_id;
-                    replicas.next_id += 1;
-                    Endpoint::new(id, addr.as_str())
-                }
+                None => match self.drains.rejoin(addr) {
+                    Some(back) => back,
+                    None => {
+                        let id = replicas.next_id;
+                        replicas.next_id += 1;
+                        let endpoint = Endpoint::new(id, addr.as_str());
+                        self.drains.admit(&endpoint);
+                        endpoint
+                    }
+                },
             };
             endpoints.push(endpoint);
         }
@@ -338,32 +371,119 @@ impl Runtime {
             );
             scrapers.insert(Arc::clone(&e.addr), (scraper, dialect));
         }
-        for gone in old
-            .iter()
-            .filter(|o| !endpoints.iter().any(|e| e.addr == o.addr))
-        {
-            forget_when_idle(
-                Arc::clone(gone),
-                Arc::downgrade(&self.picker),
-                metrics.endpoint_series(),
-                Arc::clone(&self.name),
-            );
+        let deadline = replicas.drain_deadline;
+        let kill_at = |addr: &str| {
+            let at = terminating.get(addr)?;
+            let left = at.duration_since(SystemTime::now()).unwrap_or_default();
+            Some(Instant::now() + left.saturating_sub(KILL_MARGIN))
+        };
+        let member = |addr: &str| endpoints.iter().any(|e| &*e.addr == addr);
+        for gone in old.iter().filter(|o| !member(&o.addr)) {
+            let kill = kill_at(&gone.addr);
+            let why = if kill.is_some() {
+                Why::Terminating
+            } else {
+                Why::Removed
+            };
+            self.drains.leave(gone, why, deadline, kill);
+        }
+        // Replicas that left before their pods started terminating: their
+        // end comes sooner now.
+        for addr in terminating.keys().filter(|a| !member(a)) {
+            if let Some(leaving) = self.drains.leaving(addr) {
+                self.drains
+                    .leave(&leaving, Why::Terminating, deadline, kill_at(addr));
+            }
         }
         self.picker.replace_endpoints(endpoints);
         // Newcomers may have room for requests waiting in line.
         self.admission.wake();
     }
 
-    /// Ready when at least one replica can be picked: it is reachable and,
-    /// if the pool scores on metrics, reports them — or the pool falls back
-    /// to least-request when metrics are missing, so a metrics outage does
-    /// not take the gateway out of service.
+    /// Drain replica `addr` by hand (a member, or a replica still leaving
+    /// the pool): no new requests from now on, and its streams move to
+    /// other replicas now with `evacuate`, else at the pool's drain
+    /// deadline. `None` when the pool has no such replica.
+    pub fn drain(&self, addr: &str, evacuate: bool) -> Option<ReplicaState> {
+        let replicas = self.replicas.lock();
+        let (endpoint, member) = self.find(addr)?;
+        self.drains
+            .drain_by_hand(&endpoint, member, evacuate, replicas.drain_deadline);
+        Some(self.replica_state(&endpoint, member))
+    }
+
+    /// Replica `addr`'s state: a member, or a replica still leaving the
+    /// pool; `None` when the pool has no such replica.
+    pub fn replica(&self, addr: &str) -> Option<ReplicaState> {
+        let (endpoint, member) = self.find(addr)?;
+        Some(self.replica_state(&endpoint, member))
+    }
+
+    /// Undo a drain by hand: a member takes new requests again; a replica
+    /// that has left the pool goes on leaving. `None` when the pool has no
+    /// such replica.
+    pub fn undrain(&self, addr: &str) -> Option<ReplicaState> {
+        let _replicas = self.replicas.lock();
+        let (endpoint, member) = self.find(addr)?;
+        self.drains.undrain_by_hand(&endpoint);
+        // Requests waiting in line may go there now.
+        self.admission.wake();
+        Some(self.replica_state(&endpoint, member))
+    }
+
+    /// The replicas draining, for the gauges.
+    pub fn drains(&self) -> &Arc<Drains> {
+        &self.drains
+    }
+
+    /// Every replica draining: members drained by hand, and replicas that
+    /// left the pool with requests still in flight.
+    pub fn draining(&self) -> Vec<DrainState> {
+        self.drains.states()
+    }
+
+    /// Replicas draining and of those evacuating, members and leavers.
+    pub fn draining_counts(&self) -> (usize, usize) {
+        let (mut draining, mut evacuating) = self.drains.leaving_counts();
+        for e in self.picker.endpoints().iter() {
+            draining += usize::from(e.draining());
+            evacuating += usize::from(e.evacuating());
+        }
+        (draining, evacuating)
+    }
+
+    /// A member of the pool, or a replica still leaving it, by address.
+    fn find(&self, addr: &str) -> Option<(Arc<Endpoint>, bool)> {
+        let members = self.picker.endpoints();
+        match members.iter().find(|e| &*e.addr == addr) {
+            Some(member) => Some((Arc::clone(member), true)),
+            None => self.drains.leaving(addr).map(|e| (e, false)),
+        }
+    }
+
+    fn replica_state(&self, endpoint: &Arc<Endpoint>, member: bool) -> ReplicaState {
+        ReplicaState {
+            pool: Arc::clone(&self.name),
+            addr: Arc::clone(&endpoint.addr),
+            member,
+            draining: endpoint.draining(),
+            evacuating: endpoint.evacuating(),
+            inflight: endpoint.load.requests(),
+            drain: self.drains.state_of(&endpoint.addr),
+        }
+    }
+
+    /// Ready when at least one replica can be picked: it is reachable, not
+    /// draining, and, if the pool scores on metrics, reports them — or the
+    /// pool falls back to least-request when metrics are missing, so a
+    /// metrics outage does not take the gateway out of service.
     pub fn is_ready(&self, now: Instant) -> bool {
         let config = self.picker.config();
         let needs_metrics =
             config.policy.uses_signals() && config.fallback == picker::Fallback::Refuse;
         self.picker.endpoints().iter().any(|e| {
             e.is_reachable()
+                && !e.draining()
                 && (!needs_metrics
                     || picker::health(&e.observation(), now, config.stale_after)
                         == picker::Health::Healthy)
@@ -371,30 +491,24 @@ impl Runtime {
     }
 }
 
-/// How often a replica that left is checked for requests still running.
-const LEAVER_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// What a generation (or discovery) says the pool's replicas are.
+struct Membership<'a> {
+    addrs: &'a [String],
+    terminating: &'a Terminating,
+}
 
-/// Drop a departed replica's metric series once its last request ends
-/// (requests hold its endpoint), unless it came back meanwhile: a fleet
-/// that churns through pod IPs must not grow `/metrics` for ever.
-fn forget_when_idle(
-    gone: Arc<Endpoint>,
-    picker: std::sync::Weak<picker::Picker>,
-    series: EndpointSeries,
-    pool: Arc<str>,
-) {
-    tokio::spawn(async move {
-        // This task's own reference is the last one when nothing else runs.
-        while Arc::strong_count(&gone) > 1 {
-            tokio::time::sleep(LEAVER_CHECK_INTERVAL).await;
-        }
-        let back = picker
-            .upgrade()
-            .is_some_and(|p| p.endpoints().iter().any(|e| e.addr == gone.addr));
-        if !back {
-            series.forget(&pool, &gone.addr);
-        }
-    });
+/// One replica's draining state, as the admin listener answers it.
+#[derive(Debug, Clone)]
+pub struct ReplicaState {
+    pub pool: Arc<str>,
+    pub addr: Arc<str>,
+    /// A member of the pool (else it has left and drains until idle).
+    pub member: bool,
+    pub draining: bool,
+    pub evacuating: bool,
+    pub inflight: u64,
+    /// Why and since when it drains; `None` while it does not.
+    pub drain: Option<DrainState>,
 }
 
 impl Drop for Runtime {
@@ -412,6 +526,7 @@ pub struct Pool {
     max_retries: usize,
     /// The replicas schedule by priority: bodies carry the band.
     engine_priority: bool,
+    continuation: crate::outbound::continuation::Settings,
 }
 
 impl Pool {
@@ -422,7 +537,13 @@ impl Pool {
             engine: spec.engine,
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
+            continuation: crate::outbound::continuation::Settings::new(&spec.continuation),
         }
+    }
+
+    /// How answers its replicas fail midway go on.
+    pub fn continuation(&self) -> &crate::outbound::continuation::Settings {
+        &self.continuation
     }
 
     pub fn name(&self) -> &Arc<str> {

@@ -12,7 +12,6 @@
 //! 4. The global tier's members are put in force (`members::configure`,
 //!    which keeps those that did not change).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -157,6 +156,18 @@ fn log_pools(generation: &Generation) {
     }
 }
 
+/// One replica as discovery found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveredReplica {
+    /// `host:port`.
+    pub addr: String,
+    /// Its metrics dialect, when not the pool's `engine`.
+    pub dialect: Option<signals::Dialect>,
+    /// Set while its pod terminates: when the pod's grace period ends and
+    /// it is killed.
+    pub terminating: Option<std::time::SystemTime>,
+}
+
 /// The gateway's side of replica discovery: where a watcher of the
 /// cluster (the `infergate-kube` crate) reports a pool's replicas, and
 /// whether it reaches the API server. Replicas change through the same
@@ -169,23 +180,26 @@ pub struct Discovery {
 }
 
 impl Discovery {
-    /// `pool`'s replicas are now `replicas` (address, and its metrics
-    /// dialect when not the pool's `engine`).
-    pub fn set_replicas(&self, pool: &str, replicas: Vec<(String, Option<signals::Dialect>)>) {
-        let mut engines = HashMap::new();
-        let mut addrs = Vec::with_capacity(replicas.len());
-        for (addr, dialect) in replicas {
-            if let Some(dialect) = dialect {
-                engines.insert(addr.clone(), dialect);
+    /// `pool`'s replicas are now `replicas`. Those terminating are not
+    /// members: a member that starts terminating drains, and is evacuated
+    /// before its pod is killed.
+    pub fn set_replicas(&self, pool: &str, replicas: Vec<DiscoveredReplica>) {
+        let mut discovered = Discovered::default();
+        for replica in replicas {
+            if let Some(kill) = replica.terminating {
+                discovered.terminating.insert(replica.addr, kill);
+                continue;
             }
-            addrs.push(addr);
+            if let Some(dialect) = replica.dialect {
+                discovered.engines.insert(replica.addr.clone(), dialect);
+            }
+            discovered.addrs.push(replica.addr);
         }
         let reload = &self.reload;
-        reload.runtimes.lock().set_discovered(
-            pool,
-            Discovered { addrs, engines },
-            &reload.state.metrics,
-        );
+        reload
+            .runtimes
+            .lock()
+            .set_discovered(pool, discovered, &reload.state.metrics);
     }
 
     /// Whether `pool`'s discovery reaches the API server

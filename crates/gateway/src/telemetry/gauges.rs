@@ -28,6 +28,14 @@ pub trait FlowGauges: Send + Sync {
     fn abandoned(&self) -> u64;
 }
 
+/// What the gauges read of a pool's replicas that left it and still
+/// drain (they are no longer in the picker's membership).
+pub trait DrainGauges: Send + Sync {
+    /// Replicas that left the pool with requests still in flight, and of
+    /// those the evacuating ones.
+    fn leaving(&self) -> (usize, usize);
+}
+
 /// A pool as the collector sees it.
 pub(super) struct LivePool {
     pub name: Name,
@@ -39,6 +47,8 @@ pub(super) struct LivePool {
     /// What the replicas' KV-cache events say; no publisher in it unless
     /// the pool follows them.
     pub prefix_index: Arc<kv_events::index::PoolIndex>,
+    /// Replicas that left the pool and still drain.
+    pub drains: Arc<dyn DrainGauges>,
 }
 
 #[derive(Debug)]
@@ -88,6 +98,10 @@ struct PoolRow {
     pool: Name,
     endpoints: usize,
     ready: usize,
+    /// Members drained by hand and replicas still leaving; of those, the
+    /// evacuating ones.
+    draining: usize,
+    evacuating: usize,
     kv_usage_avg: Option<f64>,
     waiting_avg: Option<f64>,
     /// Waiting requests and their bytes, by [`Priority`] order.
@@ -203,7 +217,10 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
     for pool in pools {
         let stale_after = pool.picker.config().stale_after;
         let first = rows.len();
+        let (mut draining, mut evacuating) = pool.drains.leaving();
         for e in pool.picker.endpoints().iter() {
+            draining += usize::from(e.draining());
+            evacuating += usize::from(e.evacuating());
             let obs = e.observation();
             let healthy = picker::health(&obs, now, stale_after) == Health::Healthy;
             let s = obs.state.as_deref();
@@ -216,7 +233,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                 running: s.and_then(|s| s.running),
                 kv_usage: s.and_then(|s| s.kv_usage),
                 stale: !healthy,
-                ready: e.is_reachable() && (healthy || !pool.uses_signals),
+                ready: e.is_reachable() && !e.draining() && (healthy || !pool.uses_signals),
                 age: obs
                     .last_good
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
@@ -233,6 +250,8 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             pool: pool.name.clone(),
             endpoints: mine.len(),
             ready: mine.iter().filter(|r| r.ready).count(),
+            draining,
+            evacuating,
             kv_usage_avg: mean(fresh().filter_map(|r| r.kv_usage).collect()),
             waiting_avg: mean(
                 fresh()
@@ -426,10 +445,26 @@ impl Collector for LiveGauges {
         gauge(
             e,
             "infergate_pool_ready_endpoints",
-            "Replicas that can take requests: reachable, with fresh metrics when the pool scores on them",
+            "Replicas that can take requests: reachable, not draining, with fresh metrics when the pool scores on them",
             &pools,
             pool_labels,
             |p| Some(p.ready as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_pool_draining_endpoints",
+            "Replicas taking no new requests while those in flight finish: drained by hand, or leaving the pool (removed or terminating) with requests still in flight; evacuating ones included",
+            &pools,
+            pool_labels,
+            |p| Some(p.draining as i64),
+        )?;
+        gauge(
+            e,
+            "infergate_pool_evacuating_endpoints",
+            "Draining replicas whose streams move to other replicas (past the drain deadline, or drained with evacuate)",
+            &pools,
+            pool_labels,
+            |p| Some(p.evacuating as i64),
         )?;
         gauge(
             e,

@@ -21,7 +21,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::gauges::{
-    FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
+    DrainGauges, FlowGauges, LiveGauges, LivePool, ServerGauge, ServerGaugeSource, ServerGauges,
 };
 use super::labels::{Name, TenantLabel};
 use super::outcomes::{OutcomeBook, Outcomes};
@@ -551,6 +551,7 @@ impl Metrics {
         picker: &Arc<picker::Picker>,
         admission: Arc<dyn FlowGauges>,
         prefix_index: Arc<kv_events::index::PoolIndex>,
+        drains: Arc<dyn DrainGauges>,
     ) -> PoolMetrics {
         let pool = Name::new(spec.name.clone());
         let f = &self.families;
@@ -593,6 +594,7 @@ impl Metrics {
             admission,
             uses_signals: picker.config().policy.uses_signals(),
             prefix_index,
+            drains,
         });
         let prefix_sources = [
             picker::PrefixSource::Approximate,

@@ -321,8 +321,9 @@ impl Store {
         Ok(self.commit(resource, namespace, name, object, EventType::Modified))
     }
 
-    /// Set or clear `metadata.deletionTimestamp` (a pod that is terminating),
-    /// as the kubelet's graceful deletion does.
+    /// Set `metadata.deletionTimestamp` (a pod that is terminating) as a
+    /// graceful deletion does: to the end of the pod's grace period, here
+    /// Kubernetes' default of 30 s from now.
     pub fn set_terminating(
         &mut self,
         resource: &Resource,
@@ -332,7 +333,11 @@ impl Store {
         let Some(mut object) = self.get(resource, namespace, name).cloned() else {
             return Err(Refusal::not_found(resource, name));
         };
-        metadata_mut(&mut object).insert("deletionTimestamp".into(), json!("2026-01-01T00:00:01Z"));
+        let end = k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(30);
+        metadata_mut(&mut object).insert(
+            "deletionTimestamp".into(),
+            json!(end.round(k8s_openapi::jiff::Unit::Second).unwrap().to_string()),
+        );
         Ok(self.commit(resource, namespace, name, object, EventType::Modified))
     }
 

@@ -180,7 +180,8 @@ impl PoolFigures {
             waiting += state.and_then(|s| s.waiting).unwrap_or(0);
             let healthy = picker::health(&obs, now, cfg.stale_after) == picker::Health::Healthy;
             // As /debug/pools and infergate_pool_ready_endpoints count it.
-            if !(e.is_reachable() && (healthy || !cfg.policy.uses_signals())) {
+            let usable = e.is_reachable() && (healthy || !cfg.policy.uses_signals());
+            if !usable || e.draining() {
                 continue;
             }
             ready += 1;
