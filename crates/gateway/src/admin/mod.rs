@@ -1,8 +1,10 @@
 //! The admin listener: health, readiness, Prometheus metrics, the state
 //! of every pool as the picker sees it, every rewrite's weights, guards
-//! and events (`/debug/rewrites`), the fleet page (`ui/`), and the load
-//! summary global routers read (`/global/summary`, `load_summary.rs`).
+//! and events (`/debug/rewrites`), the fleet page (`ui/`), the load
+//! summary global routers read (`/global/summary`, `load_summary.rs`), and
+//! replicas drained by hand for maintenance (`/admin/…/drain`, `drain.rs`).
 
+pub mod drain;
 pub mod load_summary;
 pub mod ui;
 
@@ -25,6 +27,9 @@ use crate::telemetry::decisions::scorer_name;
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub async fn handle(state: Arc<State>, req: Request) -> Response<ResponseBody> {
+    if drain::serves(req.path()) {
+        return drain::handle(state, req).await;
+    }
     match (&req.method, req.path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok"),
         (&Method::GET, "/readyz") => crate::respond::readyz(state.readiness()),
@@ -105,6 +110,7 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
     let typical = typical_scores(pool, now);
     let prefix_index = runtime.picker().prefix_index();
     let events = runtime.prefix_events();
+    let draining = runtime.draining();
     let endpoints: Vec<_> = runtime
         .picker()
         .endpoints()
@@ -124,7 +130,12 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "reachable": e.is_reachable(),
                 "health": health.name(),
                 // As infergate_pool_ready_endpoints counts it.
-                "ready": e.is_reachable() && (health == picker::Health::Healthy || !cfg.policy.uses_signals()),
+                "ready": e.is_reachable() && !e.draining() && (health == picker::Health::Healthy || !cfg.policy.uses_signals()),
+                // Drained by hand: no new requests; evacuating: its
+                // streams move to other replicas.
+                "draining": e.draining(),
+                "evacuating": e.evacuating(),
+                "drain": draining.iter().find(|d| d.addr == e.addr).map(drain::drain_json),
                 "stale": health != picker::Health::Healthy,
                 "lastGoodScrapeAgeMs": obs.last_good.map(|t| now.saturating_duration_since(t).as_secs_f64() * 1e3),
                 "lastError": obs.last_error,
@@ -181,6 +192,13 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
         },
         "queued": queued,
         "endpoints": endpoints,
+        // Replicas that left the pool (removed, or their pods terminating)
+        // and still drain: their requests in flight finish or move.
+        "leaving": draining
+            .iter()
+            .filter(|d| !d.member)
+            .map(drain::leaving_json)
+            .collect::<Vec<_>>(),
     })
 }
 

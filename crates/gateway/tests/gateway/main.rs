@@ -12,6 +12,7 @@
 //! - [`attack`]: raw bytes against the gateway, checked on both sides;
 //! - [`auth`]: API keys, tokens and their attacks, tenants' rules;
 //! - [`reload`]: a new config applied while requests run;
+//! - [`drain`]: replicas drained by hand or removed, cutting nobody;
 //! - [`limits`]: rate limits, locally and shared through a real Redis;
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
 //!   `https://` replicas;
@@ -25,6 +26,7 @@
 
 mod attack;
 mod auth;
+mod drain;
 mod fleet_page;
 mod flow;
 mod limits;
