@@ -1,6 +1,7 @@
 //! The `infergate` command: wiring only. Each subcommand hands over to the
 //! crate that does the work.
 
+mod drain;
 mod keys;
 mod kubernetes;
 mod lifecycle;
@@ -107,6 +108,10 @@ enum Command {
     /// Make API keys for spec.auth.apiKeys.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Take a replica out of service for maintenance through a running
+    /// gateway's admin listener: no new requests, those in flight finish
+    /// (or move with --evacuate); --undo puts it back.
+    Drain(drain::DrainArgs),
     /// Run simulated model servers (vLLM-compatible API and /metrics).
     Sim(sim::cli::SimArgs),
     /// Compare routing policies on simulated fleets.
@@ -163,6 +168,7 @@ fn main() -> ExitCode {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Keys(command) => keys::run(command).map(|()| ExitCode::SUCCESS),
+            Command::Drain(args) => drain::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Sim(args) => sim::cli::run(args).await.map(|()| ExitCode::SUCCESS),
             Command::Bench(args) => bench::cli::run(args).await.map(|()| ExitCode::SUCCESS),
         }
@@ -315,12 +321,19 @@ async fn serve(
         };
         lifecycle::reload(running, path.as_deref(), &overrides, why).await;
     }
-    if let Some(cluster) = cluster.take() {
-        cluster.stop().await;
-    }
     tracing::info!("shutting down: draining in-flight requests (a second signal stops at once)");
+    // Readiness turns false and accepting stops at once: the cluster's
+    // Lease is given up while the requests in flight finish, not before.
+    let stopping = async {
+        let release = async {
+            if let Some(cluster) = cluster.take() {
+                cluster.stop().await;
+            }
+        };
+        tokio::join!(gateway.shutdown(), release).0
+    };
     let drained = tokio::select! {
-        drained = gateway.shutdown() => drained,
+        drained = stopping => drained,
         () = signals.next_stop() => {
             tracing::warn!("second signal: stopping now; requests still in flight are cut");
             false

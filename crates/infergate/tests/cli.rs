@@ -189,7 +189,7 @@ fn check_and_serve_refuse_unusable_tls_files() {
 fn help_describes_every_subcommand() {
     let out = infergate().arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for sub in ["serve", "check", "keys", "sim"] {
+    for sub in ["serve", "check", "keys", "drain", "sim"] {
         assert!(text.contains(sub), "{text}");
     }
     let out = infergate().args(["serve", "--help"]).output().unwrap();
