@@ -9,8 +9,7 @@ use gateway::Gateway;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Behaviour, CHAT, FakeReplica, admin_get, client, config, debug_pools, emit, plain_pool,
-    poll_until, sample, within,
+    Behaviour, CHAT, FakeReplica, client, config, debug_pools, emit, plain_pool, poll_until, within,
 };
 
 const ADMIN: &str = "  admin: {address: \"127.0.0.1:0\"}\n";
@@ -76,6 +75,26 @@ async fn admin(
     (status, resp.json().await.unwrap())
 }
 
+/// The admin listener's `/metrics`.
+async fn scrape(gw: &Gateway) -> String {
+    let admin = gw.admin_addr().unwrap();
+    client()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `series` (its labels as written).
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 fn drain_path(replica: &FakeReplica) -> String {
     format!("/admin/pools/p/replicas/{}/drain", replica.addr)
 }
@@ -122,7 +141,7 @@ async fn a_drained_replica_gets_no_new_request_while_its_stream_finishes_there()
     assert_eq!(shown["ready"], false, "{shown}");
     assert_eq!(shown["drain"]["reason"], "by-hand", "{shown}");
     assert_eq!(endpoint(&pools, &b)["draining"], false);
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = scrape(&gw).await;
     assert_eq!(
         sample(&metrics, "infergate_pool_draining_endpoints{pool=\"p\"}"),
         Some(1.0)
@@ -159,7 +178,7 @@ async fn a_drained_replica_gets_no_new_request_while_its_stream_finishes_there()
     for request in [second, third] {
         within(WAIT, "both requests end", request).await.unwrap();
     }
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = scrape(&gw).await;
     assert_eq!(
         sample(&metrics, "infergate_pool_draining_endpoints{pool=\"p\"}"),
         Some(0.0)
@@ -193,7 +212,7 @@ async fn an_evacuated_replica_is_flagged_and_gets_no_new_request() {
     assert_eq!(a.count(), 0);
     let pools = debug_pools(&gw).await;
     assert_eq!(endpoint(&pools, &a)["evacuating"], true);
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = scrape(&gw).await;
     assert_eq!(
         sample(&metrics, "infergate_pool_evacuating_endpoints{pool=\"p\"}"),
         Some(1.0)
@@ -295,7 +314,7 @@ async fn a_replica_removed_by_a_reload_finishes_its_stream_and_gets_nothing_new(
     assert_eq!(leaving[0]["address"], a.addr.to_string());
     assert_eq!(leaving[0]["inflightRequests"], 1);
     assert_eq!(leaving[0]["drain"]["reason"], "removed");
-    let metrics = admin_get(&gw, "/metrics").await;
+    let metrics = scrape(&gw).await;
     assert_eq!(
         sample(&metrics, "infergate_pool_draining_endpoints{pool=\"p\"}"),
         Some(1.0)
