@@ -526,6 +526,7 @@ pub struct Pool {
     max_retries: usize,
     /// The replicas schedule by priority: bodies carry the band.
     engine_priority: bool,
+    continuation: crate::outbound::continuation::Settings,
 }
 
 impl Pool {
@@ -536,7 +537,13 @@ impl Pool {
             engine: spec.engine,
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
+            continuation: crate::outbound::continuation::Settings::new(&spec.continuation),
         }
+    }
+
+    /// How answers its replicas fail midway go on.
+    pub fn continuation(&self) -> &crate::outbound::continuation::Settings {
+        &self.continuation
     }
 
     pub fn name(&self) -> &Arc<str> {

@@ -65,7 +65,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::outgoing::{InvalidTarget, Outgoing};
+use super::outgoing::{InvalidTarget, ToReplica};
 use crate::error::BoxError;
 use crate::headers::HEAD_LIMIT;
 use crate::tls::client::PoolTls;
@@ -231,7 +231,7 @@ impl Connections {
     /// Send `request` to the replica at `addr`, on an idle connection if
     /// there is one. A request that a reused connection hands back unsent
     /// goes once more, on a fresh connection.
-    pub async fn send(&self, addr: &str, request: &Outgoing<'_>) -> Result<Response, Error> {
+    pub async fn send(&self, addr: &str, request: &impl ToReplica) -> Result<Response, Error> {
         let mut outbound = match self.shared.settings.protocol {
             config::Protocol::Http1 => request.http1(addr),
             config::Protocol::H2c => request.http2(addr),
@@ -618,6 +618,9 @@ pub enum Body {
         conn: Option<(SendRequest1, Reuse)>,
     },
     H2(Incoming),
+    /// Let go of: the replica's answer was abandoned, its connection
+    /// closed (which tells the engine to stop generating).
+    Closed,
 }
 
 pub struct Reuse {
@@ -634,6 +637,7 @@ impl std::fmt::Debug for Body {
                 .field("returns_connection", &conn.is_some())
                 .finish(),
             Body::H2(_) => f.write_str("Body::H2"),
+            Body::Closed => f.write_str("Body::Closed"),
         }
     }
 }
@@ -676,6 +680,7 @@ impl http_body::Body for Body {
                 polled
             }
             Body::H2(inner) => ready!(Pin::new(inner).poll_frame(cx)),
+            Body::Closed => None,
         };
         self.hand_back_if_done();
         Poll::Ready(polled.map(|f| f.map_err(Into::into)))
@@ -684,12 +689,14 @@ impl http_body::Body for Body {
     fn is_end_stream(&self) -> bool {
         match self {
             Body::H1 { inner, .. } | Body::H2(inner) => inner.is_end_stream(),
+            Body::Closed => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::H1 { inner, .. } | Body::H2(inner) => inner.size_hint(),
+            Body::Closed => SizeHint::with_exact(0),
         }
     }
 }

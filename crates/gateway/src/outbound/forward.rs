@@ -11,6 +11,7 @@ use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::continuation::{self, Cause, Outcome};
 use super::response_body::{ProxiedBody, ResponseBody};
 use super::{Outgoing, replica_error};
 use crate::error::{ApiError, DropReason};
@@ -43,7 +44,7 @@ const SCORES_HEADER_LIMIT: usize = 8;
 /// What the forward stage needs of the request.
 pub struct Forward<'a> {
     pub generation: &'a Arc<Generation>,
-    pub pool: &'a Pool,
+    pub pool: &'a Arc<Pool>,
     pub worker: WorkerId,
     pub outgoing: Outgoing<'a>,
     pub pick: &'a OwnedPick,
@@ -70,34 +71,61 @@ pub fn forward(
         loop {
             let sent_at = Instant::now();
             let deadline = sent_at + job.generation.timeouts.first_byte();
-            let failed = match send(&job, &admitted, &mut record, deadline).await {
+            let again = match send(&job, &admitted, &mut record, deadline).await {
                 Attempt::Answered(mut answer) => {
                     if answer.status.is_success() {
                         record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
                     }
-                    let passed = pass_on(&job, deadline, &mut answer, &admitted, &mut record).await;
-                    return match passed {
-                        Ok(passed) => respond(&job, answer, passed, admitted, record),
-                        Err(e) => refuse(*record, e),
-                    };
+                    match pass_on(&job, deadline, &mut answer, &admitted, &mut record).await {
+                        Ok(passed) if passed.not_here => {
+                            // Another replica may serve what this one
+                            // refused; with none, the refusal is the answer.
+                            tried.push(admitted.decision.endpoint.index);
+                            match next_for_not_here(&job, &tried) {
+                                Some(next) => {
+                                    job.pool.metrics().count_migration(
+                                        Cause::NotHere.as_str(),
+                                        Outcome::Resent.as_str(),
+                                    );
+                                    record.moved(Cause::NotHere, 0);
+                                    admitted = next;
+                                    continue;
+                                }
+                                None => return respond(&job, answer, passed, admitted, record),
+                            }
+                        }
+                        Ok(passed) => return respond(&job, answer, passed, admitted, record),
+                        Err(failure) => failure,
+                    }
                 }
-                Attempt::Failed(error) => return refuse(*record, error),
-                Attempt::NotSent(e) => e,
+                Attempt::Failed(failure) => failure,
+                Attempt::NotSent(e) => Failure::NotSent(e),
             };
-            // None of the request reached the replica, so another may try.
-            // Replacing `admitted` below releases this replica's load.
             let endpoint = &admitted.decision.endpoint;
-            if failed.is_connect() {
-                endpoint.set_reachable(false);
-            }
-            tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %failed,
-                "request not sent to the replica");
             tried.push(endpoint.index);
-            admitted = match next_replica(&job, &tried, &failed) {
-                Ok(next) => next,
-                Err(error) => return refuse(*record, error),
+            admitted = match again {
+                // None of the request reached the replica, so another may
+                // try. Replacing `admitted` releases this replica's load.
+                Failure::NotSent(failed) => {
+                    if failed.is_connect() {
+                        endpoint.set_reachable(false);
+                    }
+                    tracing::debug!(pool = %name, endpoint = %endpoint.addr, error = %failed,
+                        "request not sent to the replica");
+                    match next_replica(&job, &tried, &failed) {
+                        Ok(next) => {
+                            record.retried();
+                            next
+                        }
+                        Err(error) => return refuse(*record, error),
+                    }
+                }
+                // The replica may have the request: it is not sent again.
+                Failure::Broke(detail) => {
+                    return refuse(*record, ApiError::upstream_failed(name, &detail));
+                }
+                Failure::Refused(error) => return refuse(*record, error),
             };
-            record.retried();
         }
     }
 }
@@ -105,8 +133,18 @@ pub fn forward(
 /// How sending to one replica went.
 enum Attempt {
     Answered(super::Response),
-    /// The replica may be generating: never sent again.
-    Failed(ApiError),
+    Failed(Failure),
+    /// None of the request reached the replica.
+    NotSent(super::connections::Error),
+}
+
+/// Why a replica gave no answer to pass on.
+enum Failure {
+    /// The client gets this error.
+    Refused(ApiError),
+    /// The replica broke before its answer's first byte reached the
+    /// client: it will not answer.
+    Broke(String),
     /// None of the request reached the replica.
     NotSent(super::connections::Error),
 }
@@ -135,16 +173,30 @@ async fn send(
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
     // The replica has the request from here (or may have part of it):
-    // whatever happens, it is not sent again, and it is charged.
+    // whatever happens, it is charged, and it is sent again only if the
+    // replica is known not to answer it.
     record.reached_replica(!matches!(&sent, Ok(Err(e)) if !e.was_sent()));
     match sent {
         Ok(Ok(answer)) => Attempt::Answered(answer),
-        Err(_elapsed) => Attempt::Failed(ApiError::upstream_timeout(name)),
-        Ok(Err(e)) if e.was_sent() => {
-            Attempt::Failed(ApiError::upstream_failed(name, &e.to_string()))
-        }
+        // The replica may still be working on it: never sent again.
+        Err(_elapsed) => Attempt::Failed(Failure::Refused(ApiError::upstream_timeout(name))),
+        Ok(Err(e)) if e.was_sent() => Attempt::Failed(Failure::Broke(e.to_string())),
         Ok(Err(e)) => Attempt::NotSent(e),
     }
+}
+
+/// Another replica for a request a replica refused as "not here" (its
+/// context is too short for the prompt, or it is shutting down), within
+/// the pool's retries.
+fn next_for_not_here(job: &Forward<'_>, tried: &[usize]) -> Option<Admitted> {
+    if tried.len() > job.pool.max_retries() {
+        return None;
+    }
+    job.pool
+        .runtime()
+        .admission()
+        .pick_now(&job.pick.as_request(), tried)
+        .ok()
 }
 
 /// Another replica for a request none of which was sent, or the refusal
@@ -174,6 +226,18 @@ struct Passed {
     first: Option<Frame<Bytes>>,
     sse: bool,
     headers: HeaderMap,
+    /// The replica refused what another may serve.
+    not_here: bool,
+}
+
+/// What [`first_frame`] found of an error answer.
+#[derive(Default)]
+struct Shape {
+    /// Its body was put in the OpenAI shape.
+    wrapped: bool,
+    /// It refuses what another replica may serve: a prompt longer than
+    /// its context, or the replica is shutting down.
+    not_here: bool,
 }
 
 /// The replica answered: pass its answer on. A non-streaming answer goes
@@ -187,20 +251,25 @@ async fn pass_on(
     answer: &mut super::Response,
     admitted: &Admitted,
     record: &mut Record,
-) -> Result<Passed, ApiError> {
+) -> Result<Passed, Failure> {
     let name = job.pool.name();
     if !headers::plain_transfer_coding(&answer.headers) {
         let coding = answer.headers.get(header::TRANSFER_ENCODING);
         let detail = format!(
             "it answered with the transfer coding {coding:?}, which the gateway does not pass on"
         );
-        return Err(ApiError::upstream_failed(name, &detail));
+        return Err(Failure::Refused(ApiError::upstream_failed(name, &detail)));
     }
     record.on_response(answer.status, &answer.headers);
     let sse = headers::is_event_stream(&answer.headers);
-    let (first, wrapped) = first_frame(answer, sse, deadline, admitted)
-        .await
-        .map_err(|e| e.into_api(name))?;
+    let (first, shape) =
+        first_frame(answer, sse, deadline, admitted)
+            .await
+            .map_err(|e| match e {
+                BodyFailed::Failed(detail) => Failure::Broke(detail),
+                BodyFailed::TimedOut => Failure::Refused(ApiError::upstream_timeout(name)),
+            })?;
+    let wrapped = shape.wrapped;
     let mut headers = answer_headers(&answer.headers, wrapped, record);
     if job.generation.debug.decision_headers {
         let waited = record.queue_wait().unwrap_or_default();
@@ -211,6 +280,7 @@ async fn pass_on(
         first,
         sse,
         headers,
+        not_here: shape.not_here,
     })
 }
 
@@ -226,6 +296,9 @@ fn respond(
 ) -> Response<ResponseBody> {
     let idle = job.generation.timeouts.idle();
     let keep = Arc::clone(job.generation) as _;
+    let status = answer.status;
+    let relay = (passed.sse && status.is_success()).then(|| relay(job, &admitted));
+    let endpoint = Arc::clone(&admitted.decision.endpoint);
     let mut body = ProxiedBody::new(
         answer.body,
         passed.first,
@@ -238,10 +311,46 @@ fn respond(
     if job.strip_usage {
         body = body.strip_usage();
     }
+    match relay {
+        Some(Ok(relay)) => body = body.continuable(relay, endpoint),
+        Some(Err(Some(why))) => body = body.not_continuable(why, Arc::clone(job.pool)),
+        _ => {}
+    }
     let mut response = Response::new(ResponseBody::Proxied(Box::new(body)));
-    *response.status_mut() = answer.status;
+    *response.status_mut() = status;
     *response.headers_mut() = passed.headers;
     response
+}
+
+/// A continuable stream's relay: for a pool that continues answers, a
+/// chat or completions request whose body asks for nothing a continuation
+/// would not give faithfully.
+/// `Err(None)` when the pool does not continue answers or the API's
+/// cannot be.
+fn relay(
+    job: &Forward<'_>,
+    admitted: &Admitted,
+) -> Result<continuation::Relay, Option<continuation::NotContinued>> {
+    let settings = *job.pool.continuation();
+    if !settings.enabled {
+        return Err(None);
+    }
+    let api = continuation::Api::of_path(job.outgoing.uri.path()).ok_or(None)?;
+    continuation::may_continue(job.outgoing.body, api, job.pool.engine()).map_err(Some)?;
+    let resend = continuation::Resend {
+        pool: Arc::clone(job.pool),
+        worker: job.worker,
+        pick: job.pick.clone(),
+        request: job.outgoing.keep(),
+        body: job.outgoing.body.clone(),
+        api,
+        first_byte_timeout: job.generation.timeouts.first_byte(),
+    };
+    Ok(continuation::Relay::new(
+        resend,
+        settings,
+        admitted.decision.endpoint.index,
+    ))
 }
 
 /// The answer's first frame, held back for a non-streaming answer until
@@ -252,9 +361,9 @@ async fn first_frame(
     sse: bool,
     deadline: Instant,
     admitted: &Admitted,
-) -> Result<(Option<Frame<Bytes>>, bool), BodyFailed> {
+) -> Result<(Option<Frame<Bytes>>, Shape), BodyFailed> {
     if sse {
-        return Ok((None, false));
+        return Ok((None, Shape::default()));
     }
     let first = match tokio::time::timeout_at(deadline, answer.body.frame()).await {
         Ok(Some(Ok(frame))) => Some(frame),
@@ -263,8 +372,10 @@ async fn first_frame(
         Err(_elapsed) => return Err(BodyFailed::TimedOut),
     };
     if !(answer.status.is_client_error() || answer.status.is_server_error()) {
-        return Ok((first, false));
+        return Ok((first, Shape::default()));
     }
+    // A replica shutting down refuses what it would otherwise serve.
+    let unavailable = answer.status == http::StatusCode::SERVICE_UNAVAILABLE;
     match error_body(first, &mut answer.body, deadline).await? {
         ErrorBody::Whole(bytes) => {
             let translated = replica_error::translate(answer.status, &bytes);
@@ -272,12 +383,31 @@ async fn first_frame(
                 // Later requests too long for it go elsewhere.
                 admitted.decision.endpoint.set_context_limit(limit);
             }
+            let not_here = unavailable || translated.context_limit.is_some();
             Ok(match translated.body {
-                Some(shaped) => (Some(Frame::data(shaped)), true),
-                None => (Some(Frame::data(bytes)), false),
+                Some(shaped) => (
+                    Some(Frame::data(shaped)),
+                    Shape {
+                        wrapped: true,
+                        not_here,
+                    },
+                ),
+                None => (
+                    Some(Frame::data(bytes)),
+                    Shape {
+                        wrapped: false,
+                        not_here,
+                    },
+                ),
             })
         }
-        ErrorBody::Partial(bytes) => Ok((Some(Frame::data(bytes)), false)),
+        ErrorBody::Partial(bytes) => Ok((
+            Some(Frame::data(bytes)),
+            Shape {
+                wrapped: false,
+                not_here: unavailable,
+            },
+        )),
     }
 }
 
@@ -309,15 +439,6 @@ enum ErrorBody {
 enum BodyFailed {
     Failed(String),
     TimedOut,
-}
-
-impl BodyFailed {
-    fn into_api(self, pool: &str) -> ApiError {
-        match self {
-            BodyFailed::Failed(e) => ApiError::upstream_failed(pool, &e),
-            BodyFailed::TimedOut => ApiError::upstream_timeout(pool),
-        }
-    }
 }
 
 async fn error_body(

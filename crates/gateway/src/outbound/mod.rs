@@ -4,14 +4,16 @@
 //! ([`forwarded`]).
 
 pub mod connections;
+pub mod continuation;
 pub mod forward;
 pub mod forwarded;
 pub mod mirror;
 mod outgoing;
 pub mod replica_error;
 pub mod response_body;
+mod sse;
 pub mod stream_usage;
 
 pub use connections::{Connections, Response};
 pub use forwarded::{Forwarded, TrustedProxies};
-pub use outgoing::{CallerFields, Outgoing, REQUEST_ID};
+pub use outgoing::{CallerFields, KeptRequest, Outgoing, REQUEST_ID};

@@ -75,53 +75,129 @@ impl Outgoing<'_> {
         map
     }
 
-    /// The HTTP/1.1 request for the replica at `addr`: the path alone on
-    /// the request line, `Host` the replica's `host:port`; hyper adds the
-    /// body's length.
-    pub fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
-        let host_port = config::endpoint_scheme(addr).1;
-        let mut req = Request::new(Full::new(self.body.clone()));
-        *req.method_mut() = self.method.clone();
-        // The client's path and query as they are (already parsed, so not
-        // parsed again): a cheap clone of shared bytes.
-        let mut target = http::uri::Parts::default();
-        target.path_and_query = Some(
-            self.uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
-        );
-        *req.uri_mut() = Uri::from_parts(target).map_err(|_| InvalidTarget)?;
-        let mut headers = self.header_map();
-        headers.insert(
-            header::HOST,
-            HeaderValue::from_str(host_port).map_err(|_| InvalidTarget)?,
-        );
-        *req.headers_mut() = headers;
-        Ok(req)
+    /// The request as it is, kept to be sent again with another body (a
+    /// continuation) after the stages that lent its parts are over.
+    pub fn keep(&self) -> KeptRequest {
+        KeptRequest {
+            method: self.method.clone(),
+            uri: self.uri.clone(),
+            headers: self.header_map(),
+        }
+    }
+}
+
+/// A request in the shape a replica receives it, HTTP/1.1 or HTTP/2.
+pub trait ToReplica {
+    fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget>;
+    fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget>;
+}
+
+impl ToReplica for Outgoing<'_> {
+    fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        http1(self.method, self.uri, self.header_map(), self.body, addr)
     }
 
-    /// The HTTP/2 request for the replica at `addr`: the whole URI, from
-    /// which hyper sends `:scheme` (`https` for an `https://` replica) and
-    /// `:authority`.
-    pub fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
-        let (scheme, host_port) = config::endpoint_scheme(addr);
-        let scheme = match scheme {
-            config::Scheme::Http => "http",
-            config::Scheme::Https => "https",
-        };
-        let mut req = Request::new(Full::new(self.body.clone()));
-        *req.method_mut() = self.method.clone();
-        *req.version_mut() = http::Version::HTTP_2;
-        *req.uri_mut() = Uri::builder()
-            .scheme(scheme)
-            .authority(host_port)
-            .path_and_query(self.path())
-            .build()
-            .map_err(|_| InvalidTarget)?;
-        *req.headers_mut() = self.header_map();
-        Ok(req)
+    fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        http2(self.method, self.path(), self.header_map(), self.body, addr)
     }
+}
+
+/// The request a replica was sent, its fields as the replica got them.
+pub struct KeptRequest {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+impl KeptRequest {
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+
+    /// The same request with `body`.
+    pub fn with_body(&self, body: Bytes) -> WithBody<'_> {
+        WithBody {
+            request: self,
+            body,
+        }
+    }
+}
+
+/// A kept request with a new body.
+pub struct WithBody<'a> {
+    request: &'a KeptRequest,
+    body: Bytes,
+}
+
+impl ToReplica for WithBody<'_> {
+    fn http1(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        let r = self.request;
+        http1(&r.method, &r.uri, r.headers.clone(), &self.body, addr)
+    }
+
+    fn http2(&self, addr: &str) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+        let r = self.request;
+        let path = r.uri.path_and_query().map_or("/", |p| p.as_str());
+        http2(&r.method, path, r.headers.clone(), &self.body, addr)
+    }
+}
+
+/// The HTTP/1.1 request for the replica at `addr`: the path alone on the
+/// request line, `Host` the replica's `host:port`; hyper adds the body's
+/// length.
+fn http1(
+    method: &Method,
+    uri: &Uri,
+    mut headers: HeaderMap,
+    body: &Bytes,
+    addr: &str,
+) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+    let host_port = config::endpoint_scheme(addr).1;
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method.clone();
+    // The client's path and query as they are (already parsed, so not
+    // parsed again): a cheap clone of shared bytes.
+    let mut target = http::uri::Parts::default();
+    target.path_and_query = Some(
+        uri.path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/")),
+    );
+    *req.uri_mut() = Uri::from_parts(target).map_err(|_| InvalidTarget)?;
+    headers.insert(
+        header::HOST,
+        HeaderValue::from_str(host_port).map_err(|_| InvalidTarget)?,
+    );
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// The HTTP/2 request for the replica at `addr`: the whole URI, from which
+/// hyper sends `:scheme` (`https` for an `https://` replica) and
+/// `:authority`.
+fn http2(
+    method: &Method,
+    path: &str,
+    headers: HeaderMap,
+    body: &Bytes,
+    addr: &str,
+) -> Result<Request<Full<Bytes>>, InvalidTarget> {
+    let (scheme, host_port) = config::endpoint_scheme(addr);
+    let scheme = match scheme {
+        config::Scheme::Http => "http",
+        config::Scheme::Https => "https",
+    };
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method.clone();
+    *req.version_mut() = http::Version::HTTP_2;
+    *req.uri_mut() = Uri::builder()
+        .scheme(scheme)
+        .authority(host_port)
+        .path_and_query(path)
+        .build()
+        .map_err(|_| InvalidTarget)?;
+    *req.headers_mut() = headers;
+    Ok(req)
 }
 
 /// The replica's address and the request's target make no valid URI.

@@ -18,11 +18,16 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
-use crate::error::BoxError;
+use crate::error::{ApiError, BoxError};
 use crate::flow::Lease;
+use crate::generation::pool::Pool;
 use crate::outbound::connections;
+use crate::outbound::continuation::{self, Cause, Continued, Relay, Stopped};
 use crate::outbound::stream_usage::UsageStripper;
 use crate::record::Record;
+
+/// A continuation on its way to another replica.
+type Resuming = Pin<Box<dyn Future<Output = Result<Continued, ApiError>> + Send>>;
 
 pub fn full(bytes: Bytes) -> ResponseBody {
     ResponseBody::Full(Some(bytes))
@@ -65,6 +70,15 @@ pub struct ProxiedBody {
     /// What the request keeps alive until its body ends: the generation
     /// of the config it started under.
     _keep: Arc<dyn Send + Sync>,
+    /// Set for a stream that can be continued on another replica: the
+    /// events the client gets pass through it.
+    relay: Option<Box<Relay>>,
+    resuming: Option<Resuming>,
+    /// The replica answering, as the relay watches it for evacuation.
+    replica: Option<Arc<picker::Endpoint>>,
+    /// Why a stream of a pool that continues answers is not relayed: what
+    /// its error event says should its replica fail it.
+    not_continuable: Option<(continuation::NotContinued, Arc<Pool>)>,
 }
 
 impl ProxiedBody {
@@ -89,7 +103,27 @@ impl ProxiedBody {
             lease: load,
             record,
             _keep: keep,
+            relay: None,
+            resuming: None,
+            replica: None,
+            not_continuable: None,
         }
+    }
+
+    /// Relay the stream event by event, to continue it on another replica
+    /// should `replica` fail it.
+    pub fn continuable(mut self, relay: Relay, replica: Arc<picker::Endpoint>) -> Self {
+        if self.sse {
+            self.relay = Some(Box::new(relay));
+            self.replica = Some(replica);
+        }
+        self
+    }
+
+    /// A stream that will not be continued, for `why`.
+    pub fn not_continuable(mut self, why: continuation::NotContinued, pool: Arc<Pool>) -> Self {
+        self.not_continuable = Some((why, pool));
+        self
     }
 }
 
@@ -133,6 +167,8 @@ impl Body for ResponseBody {
             ResponseBody::Proxied(p) => {
                 p.ended
                     || (p.first.is_none()
+                        && p.resuming.is_none()
+                        && p.relay.as_ref().is_none_or(|r| r.is_idle())
                         && p.inner.is_end_stream()
                         && p.strip_usage.as_ref().is_none_or(UsageStripper::is_empty))
             }
@@ -165,63 +201,231 @@ impl Body for ResponseBody {
 
 impl ProxiedBody {
     fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        let polled = match self.first.take() {
-            Some(frame) => Poll::Ready(Some(Ok(frame))),
-            None => Pin::new(&mut self.inner).poll_frame(cx),
-        };
-        match polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    // For a stream, its first token: the request has left
-                    // the replica's queue and prefill.
-                    self.lease.answered();
-                    self.record.on_data(data);
+        loop {
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            if let Some(resuming) = &mut self.resuming {
+                let resumed = ready!(resuming.as_mut().poll(cx));
+                self.resuming = None;
+                match resumed {
+                    Ok(continued) => self.resume(continued),
+                    Err(e) => return Poll::Ready(self.stop(Stopped::Failed(e), Cause::Broken)),
                 }
-                // A body of known length is not polled past its last byte.
-                if self.first.is_none() && self.inner.is_end_stream() {
-                    self.record.on_end();
-                }
-                self.last_frame = Instant::now();
-                match (&mut self.strip_usage, frame.into_data()) {
-                    (None, Ok(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                    (Some(stripper), Ok(data)) => {
-                        let kept = stripper.filter(&data);
-                        if kept.is_empty() {
-                            // Nothing for the client in this frame (an
-                            // empty frame could end a chunked body): poll
-                            // again at once.
-                            cx.waker().wake_by_ref();
-                            return Poll::Pending;
-                        }
-                        Poll::Ready(Some(Ok(Frame::data(kept))))
+            }
+            let polled = match self.first.take() {
+                Some(frame) => Poll::Ready(Some(Ok(frame))),
+                None => Pin::new(&mut self.inner).poll_frame(cx),
+            };
+            let frame = match polled {
+                Poll::Ready(Some(Ok(frame))) => frame,
+                Poll::Ready(Some(Err(e))) => match self.interrupt(Cause::Broken, &e.to_string()) {
+                    Some(end) => return Poll::Ready(end),
+                    None => continue,
+                },
+                Poll::Ready(None) => match self.ended_by_replica() {
+                    Some(end) => return Poll::Ready(end),
+                    None => continue,
+                },
+                Poll::Pending => {
+                    ready!(self.poll_idle(cx));
+                    let limit = self.idle_limit();
+                    let stalled = IdleTimeout(limit).to_string();
+                    match self.interrupt(Cause::Stalled, &stalled) {
+                        Some(end) => return Poll::Ready(end),
+                        None => continue,
                     }
-                    (_, Err(frame)) => Poll::Ready(Some(Ok(frame))),
+                }
+            };
+            self.last_frame = Instant::now();
+            if self.replica.as_ref().is_some_and(|r| r.evacuating()) {
+                // What the frame holds is dropped with the replica's part:
+                // the continuation generates it again.
+                match self.interrupt(Cause::Evacuated, "the replica is being evacuated") {
+                    Some(end) => return Poll::Ready(end),
+                    None => continue,
                 }
             }
-            Poll::Ready(Some(Err(e))) => Poll::Ready(self.failed(e)),
-            Poll::Ready(None) => {
+            let data = match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            };
+            let data = match &mut self.relay {
+                None => data,
+                Some(relay) => match relay.relay(&data) {
+                    Some(events) if !events.is_empty() => events,
+                    // Nothing complete for the client yet.
+                    _ => continue,
+                },
+            };
+            // For a stream, its first token: the request has left the
+            // replica's queue and prefill.
+            self.lease.answered();
+            self.record.on_data(&data);
+            // A body of known length is not polled past its last byte.
+            if self.first.is_none() && self.inner.is_end_stream() && self.relay.is_none() {
                 self.record.on_end();
-                match self.strip_usage.as_mut().and_then(UsageStripper::finish) {
-                    Some(rest) => Poll::Ready(Some(Ok(Frame::data(rest)))),
-                    None => Poll::Ready(None),
+            }
+            match &mut self.strip_usage {
+                None => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Some(stripper) => {
+                    let kept = stripper.filter(&data);
+                    // Nothing for the client in this frame (an empty frame
+                    // could end a chunked body): read on.
+                    if !kept.is_empty() {
+                        return Poll::Ready(Some(Ok(Frame::data(kept))));
+                    }
                 }
             }
-            Poll::Pending => loop {
-                let deadline = self.last_frame + self.idle_timeout;
-                let idle = self
-                    .idle
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-                ready!(idle.as_mut().poll(cx));
-                if deadline > Instant::now() {
-                    idle.as_mut().reset(deadline);
-                    continue;
-                }
-                return Poll::Ready(self.failed(IdleTimeout(self.idle_timeout).into()));
-            },
         }
+    }
+
+    /// Ready when the replica has sent nothing for the idle limit.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let deadline = self.last_frame + self.idle_limit();
+            let idle = self
+                .idle
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            // The limit shortens once a continuable answer starts.
+            if idle.deadline() > deadline {
+                idle.as_mut().reset(deadline);
+            }
+            ready!(idle.as_mut().poll(cx));
+            if deadline > Instant::now() {
+                idle.as_mut().reset(deadline);
+                continue;
+            }
+            return Poll::Ready(());
+        }
+    }
+
+    /// How long the replica may send nothing: the pool's continuation
+    /// limit once a continuable answer has started (before its first
+    /// token, the request may be waiting in the engine's queue), the
+    /// gateway's idle timeout otherwise.
+    fn idle_limit(&self) -> Duration {
+        match &self.relay {
+            Some(relay) if relay.started() => relay.settings.idle_timeout.min(self.idle_timeout),
+            _ => self.idle_timeout,
+        }
+    }
+
+    /// The replica's body ended, cleanly: the answer's end, as the
+    /// replica meant it (a replica that dies mid-answer leaves its body
+    /// incomplete, an error).
+    fn ended_by_replica(&mut self) -> Option<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.record.on_end();
+        let rest = self.strip_usage.as_mut().and_then(UsageStripper::finish);
+        Some(rest.map(|rest| Ok(Frame::data(rest))))
+    }
+
+    /// The replica failed the answer: continue it elsewhere (`None`: poll
+    /// on), or end the client's stream.
+    fn interrupt(
+        &mut self,
+        cause: Cause,
+        detail: &str,
+    ) -> Option<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(relay) = &mut self.relay else {
+            let e: BoxError = match cause {
+                Cause::Stalled => IdleTimeout(self.idle_timeout).into(),
+                _ => detail.to_owned().into(),
+            };
+            return Some(self.failed(e));
+        };
+        let next = relay.next_request();
+        let tokens = relay.transcript.tokens();
+        let body = match next {
+            Ok(body) => body,
+            Err(stopped) => {
+                self.record.on_error(detail);
+                return Some(self.stop(stopped, cause));
+            }
+        };
+        relay.continuations += 1;
+        relay.last_cause = Some(cause);
+        relay.transcript.next_part();
+        let resend = Arc::clone(&relay.resend);
+        let tried = relay.tried.clone();
+        tracing::info!(pool = %resend.pool.name(), cause = cause.as_str(), tokens, error = detail,
+            "continuing the answer on another replica");
+        self.record.moved(cause, tokens);
+        // Let go of the replica: closing its connection stops its work,
+        // and its load is released with the lease when the next replica's
+        // replaces it.
+        self.inner = connections::Body::Closed;
+        self.idle = None;
+        self.resuming = Some(Box::pin(continuation::send(resend, body, tried)));
+        None
+    }
+
+    /// The continuation reached a replica: its stream follows.
+    fn resume(&mut self, continued: Continued) {
+        let Continued {
+            answer,
+            admitted,
+            sent_at,
+        } = continued;
+        let endpoint = Arc::clone(&admitted.decision.endpoint);
+        self.record.picked(&admitted.decision);
+        self.record.answering(Arc::clone(&endpoint), sent_at);
+        if let Some(relay) = &mut self.relay {
+            relay.tried.push(endpoint.index);
+            relay
+                .resend
+                .pool
+                .metrics()
+                .count_decision(&admitted.decision);
+            relay.count(relay.last_cause, continuation::Outcome::Continued);
+        }
+        self.inner = answer.body;
+        self.lease = admitted.lease;
+        self.replica = Some(endpoint);
+        self.last_frame = Instant::now();
+    }
+
+    /// End the client's stream after a failure that is not continued:
+    /// with the answer's end when only that was missing, else with an
+    /// error event saying why.
+    fn stop(&mut self, stopped: Stopped, cause: Cause) -> Option<Result<Frame<Bytes>, BoxError>> {
+        self.ended = true;
+        self.record.on_end();
+        let Some(relay) = &mut self.relay else {
+            return None;
+        };
+        let (outcome, event) = match stopped {
+            Stopped::Complete => (continuation::Outcome::Completed, relay.ending()),
+            Stopped::NotContinued(why) => {
+                let detail = format!(
+                    "The replica failed while streaming ({}); the answer was not continued on another replica because {}.",
+                    cause.as_str(),
+                    why.explain()
+                );
+                (
+                    continuation::Outcome::NotContinued,
+                    sse_error(&detail, "upstream_failed"),
+                )
+            }
+            Stopped::Failed(e) => {
+                self.record.on_error(&e.message);
+                let detail = format!(
+                    "The replica failed while streaming and the answer could not be continued: {}",
+                    e.message
+                );
+                (
+                    continuation::Outcome::Failed,
+                    sse_error(&detail, "upstream_failed"),
+                )
+            }
+        };
+        relay.count(Some(cause), outcome);
+        self.record.on_data(&event);
+        let event = match &mut self.strip_usage {
+            Some(stripper) => stripper.filter(&event),
+            None => event,
+        };
+        Some(Ok(Frame::data(event)))
     }
 
     /// The replica's body failed midway. Too late for another status: a
@@ -234,19 +438,45 @@ impl ProxiedBody {
         }
         self.ended = true;
         self.record.on_end();
-        Some(Ok(Frame::data(sse_error_event(&e.to_string()))))
+        let event = match &self.not_continuable {
+            Some((why, pool)) => {
+                let cause = if e.is::<IdleTimeout>() {
+                    Cause::Stalled
+                } else {
+                    Cause::Broken
+                };
+                let outcome = continuation::Outcome::NotContinued;
+                pool.metrics()
+                    .count_migration(cause.as_str(), outcome.as_str());
+                let detail = format!(
+                    "The replica failed while streaming ({e}); the answer was not continued on another replica because {}.",
+                    why.explain()
+                );
+                sse_error(&detail, "upstream_failed")
+            }
+            None => sse_error_event(&e.to_string()),
+        };
+        Some(Ok(Frame::data(event)))
     }
+}
+
+/// An OpenAI-shaped error event, after a blank line that ends any event
+/// left half-sent.
+fn sse_error(message: &str, code: &str) -> Bytes {
+    let error = serde_json::json!({"error": {
+        "message": message,
+        "type": "upstream_error",
+        "param": null,
+        "code": code,
+    }});
+    Bytes::from(format!("\n\ndata: {error}\n\n"))
 }
 
 /// An OpenAI-shaped error as a server-sent event, the way OpenAI-compatible
 /// servers report a failure inside a stream (the SDKs raise it).
 fn sse_error_event(detail: &str) -> Bytes {
-    let error = serde_json::json!({"error": {
-        "message": format!("The replica failed while streaming: {detail}"),
-        "type": "upstream_error",
-        "param": null,
-        "code": "upstream_failed",
-    }});
-    // A leading blank line ends any event the replica left half-sent.
-    Bytes::from(format!("\n\ndata: {error}\n\n"))
+    sse_error(
+        &format!("The replica failed while streaming: {detail}"),
+        "upstream_failed",
+    )
 }

@@ -8,6 +8,8 @@
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
+use super::sse::{self, EventBuffer};
+
 /// The body with `stream_options.include_usage: true`, or `None` when the
 /// request is not a stream or already asks for usage.
 pub fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
@@ -31,8 +33,7 @@ pub fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
 /// whatever frames its bytes arrive in. Everything else passes unchanged.
 #[derive(Default)]
 pub struct UsageStripper {
-    /// Bytes of an event whose end has not arrived yet.
-    pending: BytesMut,
+    events: EventBuffer,
 }
 
 impl UsageStripper {
@@ -40,16 +41,14 @@ impl UsageStripper {
     /// less the usage-only one. An event cut by the frame's end waits for
     /// the rest.
     pub fn filter(&mut self, data: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(data);
-        let Some(end) = last_event_end(&self.pending) else {
+        let Some(complete) = self.events.push(data) else {
             return Bytes::new();
         };
-        let complete = self.pending.split_to(end).freeze();
         if memchr::memmem::find(&complete, b"\"usage\"").is_none() {
             return complete;
         }
         let mut kept = BytesMut::with_capacity(complete.len());
-        for event in events(&complete) {
+        for event in sse::events(&complete) {
             if !is_usage_only(event) {
                 kept.extend_from_slice(event);
             }
@@ -59,51 +58,20 @@ impl UsageStripper {
 
     /// Nothing waits for the rest of an event.
     pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
+        self.events.is_empty()
     }
 
     /// The bytes of an event the stream ended in the middle of.
     pub fn finish(&mut self) -> Option<Bytes> {
-        (!self.pending.is_empty()).then(|| self.pending.split().freeze())
+        self.events.take_rest()
     }
-}
-
-/// Just past the blank line that ends the last complete event.
-fn last_event_end(bytes: &[u8]) -> Option<usize> {
-    let lf = memchr::memmem::rfind(bytes, b"\n\n").map(|i| i + 2);
-    let crlf = memchr::memmem::rfind(bytes, b"\r\n\r\n").map(|i| i + 4);
-    lf.max(crlf)
-}
-
-/// Each complete event with the blank line that ends it.
-fn events(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut rest = bytes;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let lf = memchr::memmem::find(rest, b"\n\n").map(|i| i + 2);
-        let crlf = memchr::memmem::find(rest, b"\r\n\r\n").map(|i| i + 4);
-        let end = match (lf, crlf) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(rest.len()),
-        };
-        let (event, after) = rest.split_at(end);
-        rest = after;
-        Some(event)
-    })
 }
 
 /// A `data:` event whose JSON has `usage` and no choices.
 fn is_usage_only(event: &[u8]) -> bool {
-    let Ok(text) = std::str::from_utf8(event) else {
+    let Some(data) = sse::data(event) else {
         return false;
     };
-    let data: String = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
-        .collect();
     let Ok(json) = serde_json::from_str::<Value>(&data) else {
         return false;
     };

@@ -95,6 +95,17 @@ pub struct Record {
     answering: Option<(Arc<picker::Endpoint>, Instant)>,
     /// Stream events (tokens) passed on.
     events: u64,
+    /// The replicas the answer moved off, each with why and the tokens
+    /// the client had by then.
+    moves: Vec<Move>,
+}
+
+/// The answer left a replica that failed it.
+#[derive(Debug, Clone)]
+pub struct Move {
+    pub from: Arc<str>,
+    pub cause: crate::outbound::continuation::Cause,
+    pub tokens: u64,
 }
 
 impl Record {
@@ -140,6 +151,7 @@ impl Record {
             error: None,
             answering: None,
             events: 0,
+            moves: Vec::new(),
         }
     }
 
@@ -231,6 +243,17 @@ impl Record {
     /// may then have worked on it: it is charged, and never sent again.
     pub fn reached_replica(&mut self, sent: bool) {
         self.sent = sent;
+    }
+
+    /// The answer moves off the replica answering it, for `cause`, after
+    /// `tokens` reached the client.
+    pub fn moved(&mut self, cause: crate::outbound::continuation::Cause, tokens: u64) {
+        let from = self.endpoint.clone().unwrap_or_else(|| Arc::from("-"));
+        self.moves.push(Move {
+            from,
+            cause,
+            tokens,
+        });
     }
 
     /// The request is tried again elsewhere, none of it having been sent.

@@ -169,6 +169,7 @@ impl Record {
             retries = self.retries,
             decision = self.decision.map(DecisionSummary).map(tracing::field::display),
             prefix_source = self.prefix_source.map(picker::PrefixSource::as_str),
+            moved = (!self.moves.is_empty()).then(|| tracing::field::display(Moves(&self.moves))),
             trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
             error = self.error.as_deref(),
         );
@@ -197,6 +198,28 @@ impl Record {
             trace_id: self.trace_id,
             error: self.error.as_deref(),
         }
+    }
+}
+
+/// `10.0.0.1:8000 broken after 12 tokens, 10.0.0.2:8000 stalled after 40
+/// tokens`: the replicas an answer moved off.
+struct Moves<'a>(&'a [super::Move]);
+
+impl fmt::Display for Moves<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, m) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(
+                f,
+                "{} {} after {} tokens",
+                m.from,
+                m.cause.as_str(),
+                m.tokens
+            )?;
+        }
+        Ok(())
     }
 }
 

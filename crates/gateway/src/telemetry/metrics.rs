@@ -140,6 +140,13 @@ struct PrefixSourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabels {
+    pool: Name,
+    reason: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     pool: Name,
     priority: &'static str,
@@ -161,6 +168,7 @@ struct Families {
     pick_duration: HistogramFamily<PoolLabels>,
     pick_fallbacks: Family<PoolLabels, Counter>,
     prefix_sources: Family<PrefixSourceLabels, Counter>,
+    migrations: Family<MigrationLabels, Counter>,
     prefix_unmatched: Family<PrefixUnmatchedLabels, Counter>,
     routing_decisions: Family<EndpointLabels, Counter>,
     scrape_errors: Family<EndpointLabels, Counter>,
@@ -198,6 +206,7 @@ impl Families {
             pick_duration: Family::new_with_constructor(pick_histogram),
             pick_fallbacks: Family::default(),
             prefix_sources: Family::default(),
+            migrations: Family::default(),
             prefix_unmatched: Family::default(),
             routing_decisions: Family::default(),
             scrape_errors: Family::default(),
@@ -290,6 +299,11 @@ impl Families {
             "infergate_prefix_source",
             "Picks whose chosen replica's prefix affinity was scored by the engines' KV-cache events or by the gateway's guess",
             f.prefix_sources.clone(),
+        );
+        registry.register(
+            "infergate_migrations",
+            "Answers whose replica failed them after they started (reason: broken, stalled, evacuated; or, before the answer started, not_here, a replica that refused what another may serve), by what became of them (continued or resent on another replica, completed, not_continued, failed)",
+            f.migrations.clone(),
         );
         registry.register(
             "infergate_routing_decisions",
@@ -707,6 +721,18 @@ impl PoolMetrics {
             Some(m) if m.addr.as_str() == &*endpoint.addr => m.clone(),
             _ => EndpointMetrics::new(&self.families, &self.name, &endpoint.addr),
         }
+    }
+
+    /// An answer moved, or could not move, off a replica that failed it.
+    pub fn count_migration(&self, reason: &'static str, outcome: &'static str) {
+        self.families
+            .migrations
+            .get_or_create(&MigrationLabels {
+                pool: self.name.clone(),
+                reason,
+                outcome,
+            })
+            .inc();
     }
 
     /// One request was sent to the replica `decision` chose.

@@ -26,6 +26,7 @@
 
 mod attack;
 mod auth;
+mod continuation;
 mod drain;
 mod fleet_page;
 mod flow;

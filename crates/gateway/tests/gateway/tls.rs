@@ -13,7 +13,8 @@ use tokio::io::AsyncReadExt;
 
 use crate::support::tls::{Ca, Client, Files, Http, Key, replica_config, served};
 use crate::support::{
-    Behaviour, CHAT, FakeReplica, client, config, plain_pool, poll_until, until_debug_pools, within,
+    Behaviour, CHAT, FakeReplica, admin_get, client, config, plain_pool, poll_until, sample,
+    until_debug_pools, within,
 };
 
 const H2: &[u8] = b"h2";
@@ -41,17 +42,7 @@ async fn behind_tls(ca: &Ca, replica: &FakeReplica) -> (Gateway, Files) {
 
 /// The value of the series `series` on the admin listener's `/metrics`.
 async fn metric(gw: &Gateway, series: &str) -> Option<f64> {
-    let admin = gw.admin_addr().unwrap();
-    let text = client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    sample(&admin_get(gw, "/metrics").await, series)
 }
 
 #[tokio::test]

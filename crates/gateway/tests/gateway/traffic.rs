@@ -10,7 +10,9 @@ use std::time::Duration;
 use gateway::Gateway;
 use serde_json::{Value, json};
 
-use crate::support::{Behaviour, CHAT, FakeReplica, client, config, poll_until, within};
+use crate::support::{
+    Behaviour, CHAT, FakeReplica, admin_get, client, config, poll_until, sample, within,
+};
 
 /// Two pools of fake replicas: `stable` serving `m`, `canary` serving
 /// `m-v2`, no engine metrics.
@@ -26,27 +28,8 @@ fn chat(model: &str, i: usize) -> String {
         .to_string()
 }
 
-async fn admin_get(gw: &Gateway, path: &str) -> String {
-    let admin = gw.admin_addr().expect("admin listener configured");
-    client()
-        .get(format!("http://{admin}{path}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 async fn rewrites(gw: &Gateway) -> Value {
     serde_json::from_str(&admin_get(gw, "/debug/rewrites").await).unwrap()
-}
-
-/// The value of the sample `name{labels}` (labels as written, in order).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 /// The model each request a replica received asked for.

@@ -420,6 +420,26 @@ pub fn plain_pool(endpoints: &[&str], extra: &str) -> String {
     )
 }
 
+/// The body of a `GET` of `path` on the gateway's admin listener.
+pub async fn admin_get(gw: &Gateway, path: &str) -> String {
+    let admin = gw.admin_addr().expect("admin listener configured");
+    client()
+        .get(format!("http://{admin}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The value of the sample `name{labels}` (labels as written, in order).
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
