@@ -110,9 +110,7 @@ pub fn replicas<'a>(pods: impl IntoIterator<Item = &'a Pod>, ports: &Ports) -> V
     }
     // A ready pod's replica before a terminating one's at the same
     // address (a new pod given the old one's IP): the one kept.
-    out.sort_by(|a, b| {
-        (&a.addr, a.terminating.is_some()).cmp(&(&b.addr, b.terminating.is_some()))
-    });
+    out.sort_by(|a, b| (&a.addr, a.terminating.is_some()).cmp(&(&b.addr, b.terminating.is_some())));
     out.dedup_by(|a, b| a.addr == b.addr);
     out
 }

@@ -526,7 +526,7 @@ pub struct Pool {
     max_retries: usize,
     /// The replicas schedule by priority: bodies carry the band.
     engine_priority: bool,
-    continuation: crate::outbound::continuation::Settings,
+    continuation: Continuation,
 }
 
 impl Pool {
@@ -537,12 +537,12 @@ impl Pool {
             engine: spec.engine,
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
-            continuation: crate::outbound::continuation::Settings::new(&spec.continuation),
+            continuation: Continuation::new(&spec.continuation),
         }
     }
 
     /// How answers its replicas fail midway go on.
-    pub fn continuation(&self) -> &crate::outbound::continuation::Settings {
+    pub fn continuation(&self) -> &Continuation {
         &self.continuation
     }
 
@@ -578,6 +578,26 @@ impl Pool {
         // The parse stage has accepted the body as a JSON object.
         crate::route::rewrite::model_field::with_priority(&body, engine_priority(band))
             .ok_or_else(|| ApiError::invalid_request("The request body must be a JSON object."))
+    }
+}
+
+/// A pool's continuation settings (see `outbound::continuation`).
+#[derive(Debug, Clone, Copy)]
+pub struct Continuation {
+    pub enabled: bool,
+    pub max_attempts: u32,
+    pub idle_timeout: Duration,
+    pub max_text_bytes: usize,
+}
+
+impl Continuation {
+    pub fn new(spec: &config::Continuation) -> Self {
+        Self {
+            enabled: spec.enabled(),
+            max_attempts: spec.max_attempts(),
+            idle_timeout: spec.idle_timeout(),
+            max_text_bytes: usize::try_from(spec.max_text_bytes()).unwrap_or(usize::MAX),
+        }
     }
 }
 

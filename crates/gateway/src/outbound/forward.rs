@@ -87,7 +87,7 @@ pub fn forward(
                                         Cause::NotHere.as_str(),
                                         Outcome::Resent.as_str(),
                                     );
-                                    record.moved(Cause::NotHere, 0);
+                                    record.moved(Cause::NotHere.as_str(), 0);
                                     admitted = next;
                                     continue;
                                 }

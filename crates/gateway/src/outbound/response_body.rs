@@ -350,7 +350,7 @@ impl ProxiedBody {
         let tried = relay.tried.clone();
         tracing::info!(pool = %resend.pool.name(), cause = cause.as_str(), tokens, error = detail,
             "continuing the answer on another replica");
-        self.record.moved(cause, tokens);
+        self.record.moved(cause.as_str(), tokens);
         // Let go of the replica: closing its connection stops its work,
         // and its load is released with the lease when the next replica's
         // replaces it.

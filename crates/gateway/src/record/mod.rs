@@ -104,7 +104,8 @@ pub struct Record {
 #[derive(Debug, Clone)]
 pub struct Move {
     pub from: Arc<str>,
-    pub cause: crate::outbound::continuation::Cause,
+    /// Why, as `infergate_migrations_total` names it.
+    pub cause: &'static str,
     pub tokens: u64,
 }
 
@@ -247,7 +248,7 @@ impl Record {
 
     /// The answer moves off the replica answering it, for `cause`, after
     /// `tokens` reached the client.
-    pub fn moved(&mut self, cause: crate::outbound::continuation::Cause, tokens: u64) {
+    pub fn moved(&mut self, cause: &'static str, tokens: u64) {
         let from = self.endpoint.clone().unwrap_or_else(|| Arc::from("-"));
         self.moves.push(Move {
             from,

@@ -211,13 +211,7 @@ impl fmt::Display for Moves<'_> {
             if i > 0 {
                 f.write_str(", ")?;
             }
-            write!(
-                f,
-                "{} {} after {} tokens",
-                m.from,
-                m.cause.as_str(),
-                m.tokens
-            )?;
+            write!(f, "{} {} after {} tokens", m.from, m.cause, m.tokens)?;
         }
         Ok(())
     }

@@ -336,7 +336,11 @@ impl Store {
         let end = k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(30);
         metadata_mut(&mut object).insert(
             "deletionTimestamp".into(),
-            json!(end.round(k8s_openapi::jiff::Unit::Second).unwrap().to_string()),
+            json!(
+                end.round(k8s_openapi::jiff::Unit::Second)
+                    .unwrap()
+                    .to_string()
+            ),
         );
         Ok(self.commit(resource, namespace, name, object, EventType::Modified))
     }

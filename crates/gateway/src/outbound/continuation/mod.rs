@@ -16,6 +16,7 @@
 //! `created` and `model`, its role-only opening is dropped, and its usage
 //! is made the whole answer's.
 
+mod not_continued;
 mod request;
 mod transcript;
 
@@ -26,59 +27,19 @@ use bytes::Bytes;
 use serde_json::Value;
 use tokio::time::Instant;
 
+pub use not_continued::NotContinued;
 pub use request::Api;
 use request::Next;
 pub use transcript::Transcript;
 
 use crate::error::ApiError;
 use crate::flow::{Admitted, OwnedPick};
-use crate::generation::pool::Pool;
+use crate::generation::pool::{Continuation as Settings, Pool};
 use crate::headers;
 use crate::inbound::server::WorkerId;
 use crate::outbound::KeptRequest;
 use crate::outbound::connections;
 use crate::outbound::sse::EventBuffer;
-
-/// Why an answer is not continued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotContinued {
-    /// `n` or `best_of` above 1: the other choices' texts are not kept.
-    SeveralChoices,
-    /// A JSON schema, JSON object, regex, choice or grammar: the engine
-    /// would restart the grammar at the continuation's first token.
-    StructuredOutput,
-    /// A tool call was being streamed.
-    ToolCall,
-    /// Reasoning was streamed: engines place it outside the message
-    /// content a continuation can carry.
-    Reasoning,
-    /// `logprobs` from an engine not known to give them for a continued
-    /// message.
-    Logprobs,
-    /// A batch of prompts, or token ids with no ids for the answer.
-    SeveralPrompts,
-    /// The answer outgrew the text kept per stream (`maxTextBytes`).
-    TooLong,
-    /// An event the gateway could not read.
-    Unreadable,
-}
-
-impl NotContinued {
-    pub fn explain(self) -> &'static str {
-        match self {
-            NotContinued::SeveralChoices => "it asked for several choices (n > 1)",
-            NotContinued::StructuredOutput => {
-                "it asked for structured output, which would restart at the continuation"
-            }
-            NotContinued::ToolCall => "a tool call was being streamed",
-            NotContinued::Reasoning => "reasoning was being streamed",
-            NotContinued::Logprobs => "it asked for logprobs, which this engine cannot continue",
-            NotContinued::SeveralPrompts => "its prompt is a batch or token ids",
-            NotContinued::TooLong => "the answer outgrew the text kept to continue it",
-            NotContinued::Unreadable => "the replica sent an event the gateway could not read",
-        }
-    }
-}
 
 /// Why an answer moved to another replica: `reason` of
 /// `infergate_migrations_total`.
@@ -128,26 +89,6 @@ impl Outcome {
             Outcome::Completed => "completed",
             Outcome::NotContinued => "not_continued",
             Outcome::Failed => "failed",
-        }
-    }
-}
-
-/// A pool's continuation settings.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    pub enabled: bool,
-    pub max_attempts: u32,
-    pub idle_timeout: Duration,
-    pub max_text_bytes: usize,
-}
-
-impl Settings {
-    pub fn new(spec: &config::Continuation) -> Self {
-        Self {
-            enabled: spec.enabled(),
-            max_attempts: spec.max_attempts(),
-            idle_timeout: spec.idle_timeout(),
-            max_text_bytes: usize::try_from(spec.max_text_bytes()).unwrap_or(usize::MAX),
         }
     }
 }
@@ -228,7 +169,7 @@ impl Relay {
 
     /// The events that end an answer that had every token but its end.
     pub fn ending(&self) -> Bytes {
-        self.transcript.ending(self.resend.api)
+        self.transcript.ending(self.resend.api == Api::Chat)
     }
 
     /// The complete events in `data`, as the client gets them.

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 use signals::Dialect;
 
-use super::NotContinued;
+use super::not_continued::NotContinued;
 use super::transcript::Transcript;
 
 /// The API a continued request was made to.

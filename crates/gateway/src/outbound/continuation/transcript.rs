@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
-use super::NotContinued;
+use super::not_continued::NotContinued;
 use crate::outbound::sse;
 
 /// One streamed answer, across the replicas that generated it.
@@ -344,25 +344,21 @@ impl Transcript {
     }
 
     /// What ends an answer that has every token but its end: the final
-    /// chunk (`length`: it had every token asked for) unless it was sent,
-    /// then `[DONE]`.
-    pub fn ending(&self, api: super::Api) -> Bytes {
+    /// chunk (`length`: it had every token asked for) of a chat or a
+    /// completion unless it was sent, then `[DONE]`.
+    pub fn ending(&self, chat: bool) -> Bytes {
         let mut out = String::new();
         if self.done {
             return Bytes::new();
         }
         if !self.finished {
-            let object = match api {
-                super::Api::Chat => "chat.completion.chunk",
-                super::Api::Completions => "text_completion",
-            };
-            let choice = match api {
-                super::Api::Chat => {
-                    serde_json::json!({"index": 0, "delta": {}, "finish_reason": "length"})
-                }
-                super::Api::Completions => {
-                    serde_json::json!({"index": 0, "text": "", "finish_reason": "length"})
-                }
+            let (object, choice) = if chat {
+                let choice =
+                    serde_json::json!({"index": 0, "delta": {}, "finish_reason": "length"});
+                ("chat.completion.chunk", choice)
+            } else {
+                let choice = serde_json::json!({"index": 0, "text": "", "finish_reason": "length"});
+                ("text_completion", choice)
             };
             let stamp = self.stamp.clone().unwrap_or(Stamp {
                 id: None,
