@@ -15,11 +15,16 @@ const COMPLETIONS: &str = "/v1/completions";
 
 /// A simulated replica serving `m`, with `faults`.
 async fn replica(faults: sim::Faults) -> sim::ReplicaHandle {
+    replica_at_speed(faults, 50.0).await
+}
+
+/// The same, `time_scale` times faster than the GPU it simulates.
+async fn replica_at_speed(faults: sim::Faults, time_scale: f64) -> sim::ReplicaHandle {
     sim::start_replica(
         "127.0.0.1:0".parse().unwrap(),
         sim::ReplicaSpec {
             served_model_name: Some("m".into()),
-            time_scale: 50.0,
+            time_scale,
             faults,
             ..sim::ReplicaSpec::new("h100", "llama-3.1-8b")
         },
@@ -288,4 +293,62 @@ async fn with_continuation_off_a_cut_stream_ends_with_an_error_event() {
         errors += said(&stream).errors.len();
     }
     assert_eq!(errors, 1);
+}
+
+/// Evacuating a replica moves the streams it serves to another at once:
+/// the client's stream goes on, whole, with one id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evacuated_replicas_stream_moves_to_another_at_once() {
+    use futures_util::StreamExt;
+    let a = replica_at_speed(sim::Faults::default(), 1.0).await;
+    let b = replica_at_speed(sim::Faults::default(), 1.0).await;
+    let addrs = [a.local_addr().to_string(), b.local_addr().to_string()];
+    let pool = plain_pool(&[&addrs[0], &addrs[1]], "");
+    let cfg = config(
+        "  admin: {address: \"127.0.0.1:0\"}\n  debug: {decisionHeaders: true}\n",
+        &pool,
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    let body = json!({"model": "m", "stream": true, "max_tokens": 300,
+        "messages": [{"role": "user", "content": "a long answer"}]});
+    let (_, single) = post(b.local_addr(), CHAT, &body).await;
+    let resp = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let serving = resp.headers()["x-infergate-endpoint"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut stream = resp.bytes_stream();
+    let mut text = Vec::new();
+    let first = within(
+        std::time::Duration::from_secs(10),
+        "the first event",
+        stream.next(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    text.extend_from_slice(&first);
+    let admin = gw.admin_addr().unwrap();
+    let drained = client()
+        .post(format!("http://{admin}/admin/replicas/{serving}/drain"))
+        .header("content-type", "application/json")
+        .body(json!({"evacuate": true}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drained.status(), 200);
+    while let Some(chunk) = stream.next().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let through = said(std::str::from_utf8(&text).unwrap());
+    assert_eq!(through.text, said(&single).text);
+    assert_eq!(through.ids.len(), 1);
+    assert!(through.errors.is_empty(), "{through:?}");
+    let metrics = admin_get(&gw, "/metrics").await;
+    assert_eq!(migrations(&metrics, "evacuated", "continued"), 1.0);
 }
