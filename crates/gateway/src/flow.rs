@@ -172,6 +172,8 @@ impl Drop for Lease {
 struct Waiter {
     tx: oneshot::Sender<Admitted>,
     pick: OwnedPick,
+    /// Replicas it must not go to: a continuation's, which failed it.
+    tried: Vec<usize>,
     since: Instant,
 }
 
@@ -283,18 +285,21 @@ impl Admission {
 
     /// Admit a request: straight to a replica when one has room and nobody
     /// of the same or a higher band is waiting; otherwise wait in line.
+    /// `tried` names replicas it must not go to (a continuation's; empty
+    /// for a new request).
     pub async fn admit(
         self: &Arc<Self>,
         pool_name: &str,
         ticket: &Ticket,
         mut pick: OwnedPick,
+        tried: &[usize],
     ) -> Result<Admitted, ApiError> {
         pick.queue_share = self.queue_share(ticket);
         let line_ahead = self.waiting[..=ticket.band as usize]
             .iter()
             .any(|w| w.load(Ordering::Relaxed) > 0);
         if !line_ahead {
-            match self.pick_now(&pick.as_request(), &[]) {
+            match self.pick_now(&pick.as_request(), tried) {
                 Ok(admitted) => return Ok(admitted),
                 Err(PickError::Saturated { retry_after, .. }) => {
                     if ticket.max_wait.is_zero() {
@@ -314,7 +319,7 @@ impl Admission {
         }
         // Boxed: the waiting path's state would otherwise be part of every
         // request's future, which is moved several times before it runs.
-        Box::pin(self.wait_in_line(pool_name, ticket, pick)).await
+        Box::pin(self.wait_in_line(pool_name, ticket, pick, tried.to_vec())).await
     }
 
     async fn wait_in_line(
@@ -322,6 +327,7 @@ impl Admission {
         pool_name: &str,
         ticket: &Ticket,
         pick: OwnedPick,
+        tried: Vec<usize>,
     ) -> Result<Admitted, ApiError> {
         let max_wait = ticket.max_wait;
         if max_wait.is_zero() {
@@ -350,6 +356,7 @@ impl Admission {
             let waiter = Waiter {
                 tx,
                 pick,
+                tried,
                 since: Instant::now(),
             };
             let id = q.push(ticket.band, &ticket.key, ticket.bytes, waiter);
@@ -373,7 +380,11 @@ impl Admission {
             Ok(Err(_)) => Err(ApiError::shutting_down()),
             Err(_elapsed) => {
                 drop(place);
-                let usable = self.picker.endpoints().iter().any(|e| e.is_reachable());
+                let usable = self
+                    .picker
+                    .endpoints()
+                    .iter()
+                    .any(|e| e.is_reachable() && !e.draining());
                 Err(if usable {
                     self.refuse(
                         DropReason::WaitExpired,
@@ -414,7 +425,7 @@ impl Admission {
     fn dispatch_ready(self: &Arc<Self>) {
         loop {
             // Look at the head without holding the lock during the pick.
-            let (band, key_pick, id) = {
+            let (band, key_pick, tried, id) = {
                 let mut q = self.queue.lock();
                 let Some((band, entry)) = q.head() else {
                     return;
@@ -427,9 +438,14 @@ impl Admission {
                     self.stats.abandoned.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                (band, entry.item.pick.clone(), entry.id)
+                (
+                    band,
+                    entry.item.pick.clone(),
+                    entry.item.tried.clone(),
+                    entry.id,
+                )
             };
-            let admitted = match self.pick_now(&key_pick.as_request(), &[]) {
+            let admitted = match self.pick_now(&key_pick.as_request(), &tried) {
                 Ok(admitted) => admitted,
                 // No room yet (or no replica): wait for the next wake-up.
                 Err(_) => return,

@@ -39,7 +39,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use config::Priority;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -196,6 +195,7 @@ fn infer<'a>(
         match decided.target {
             Target::Replica {
                 pool,
+                ticket,
                 pick,
                 admitted,
                 strip_usage,
@@ -205,6 +205,7 @@ fn infer<'a>(
                     pool: &pool,
                     worker,
                     outgoing,
+                    ticket: &ticket,
                     pick: &pick,
                     strip_usage,
                 };
@@ -259,7 +260,7 @@ async fn decide(
     };
     let pool = Arc::clone(&route.pool);
     let asked = ask_for_usage(&request, &routed.body, record);
-    let (pick, admitted, band) = admit(
+    let (ticket, pick, admitted) = admit(
         generation,
         route,
         received,
@@ -279,11 +280,12 @@ async fn decide(
         ids,
         record,
     );
-    let body = pool.engine_body(asked.body, band)?;
+    let body = pool.engine_body(asked.body, ticket.band)?;
     Ok(Decided {
         body,
         target: Target::Replica {
             pool,
+            ticket,
             pick,
             admitted,
             strip_usage: asked.strip_usage,
@@ -511,7 +513,7 @@ async fn admit(
     asked: &AskedUsage,
     session: Option<u64>,
     record: &mut Record,
-) -> Result<(OwnedPick, Admitted, Priority), ApiError> {
+) -> Result<(Ticket, OwnedPick, Admitted), ApiError> {
     let ticket = Ticket::from_request(
         &received.headers,
         &request.model,
@@ -536,13 +538,13 @@ async fn admit(
     let admit_started = Instant::now();
     let admitted = runtime
         .admission()
-        .admit(route.pool.name(), &ticket, pick.clone())
+        .admit(route.pool.name(), &ticket, pick.clone(), &[])
         .instrument(stage_span!("admit", priority = ticket.band.as_str()))
         .await;
     match admitted {
         Ok(admitted) => {
             record.waited(ticket.band, admitted.queue_wait);
-            Ok((pick, admitted, ticket.band))
+            Ok((ticket, pick, admitted))
         }
         Err(e) => {
             if e.dropped_reason == Some(DropReason::WaitExpired) {
@@ -608,6 +610,8 @@ enum Target {
     /// A local pool's replica, admitted by flow control.
     Replica {
         pool: Arc<Pool>,
+        /// Its place in flow control, which a continuation takes again.
+        ticket: Ticket,
         pick: OwnedPick,
         admitted: Admitted,
         /// The gateway asked for the stream's usage in the client's place.

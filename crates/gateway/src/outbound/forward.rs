@@ -15,7 +15,7 @@ use super::continuation::{self, Cause, Outcome};
 use super::response_body::{ProxiedBody, ResponseBody};
 use super::{Outgoing, replica_error};
 use crate::error::{ApiError, DropReason};
-use crate::flow::{Admitted, OwnedPick};
+use crate::flow::{Admitted, OwnedPick, Ticket};
 use crate::generation::Generation;
 use crate::generation::pool::Pool;
 use crate::headers;
@@ -47,6 +47,7 @@ pub struct Forward<'a> {
     pub pool: &'a Arc<Pool>,
     pub worker: WorkerId,
     pub outgoing: Outgoing<'a>,
+    pub ticket: &'a Ticket,
     pub pick: &'a OwnedPick,
     /// The gateway asked for the stream's usage in the client's place.
     pub strip_usage: bool,
@@ -68,6 +69,7 @@ pub fn forward(
     async move {
         let name = job.pool.name();
         let mut tried: Vec<usize> = Vec::new();
+        let mut resent = 0;
         loop {
             let sent_at = Instant::now();
             let deadline = sent_at + job.generation.timeouts.first_byte();
@@ -120,9 +122,24 @@ pub fn forward(
                         Err(error) => return refuse(*record, error),
                     }
                 }
-                // The replica may have the request: it is not sent again.
+                // The replica had the request and failed before answering:
+                // it will not answer it. Nothing reached the client, so
+                // for a pool that continues answers another replica gets
+                // it whole; otherwise it may be acting on it, and it is
+                // not sent again.
                 Failure::Broke(detail) => {
-                    return refuse(*record, ApiError::upstream_failed(name, &detail));
+                    // Boxed: the rare path's state stays out of every
+                    // request's future.
+                    match Box::pin(resend_broken(&job, &tried, &mut resent)).await {
+                        Some(next) => {
+                            job.pool
+                                .metrics()
+                                .count_migration(Cause::Broken.as_str(), Outcome::Resent.as_str());
+                            record.moved(Cause::Broken.as_str(), 0);
+                            next
+                        }
+                        None => return refuse(*record, ApiError::upstream_failed(name, &detail)),
+                    }
                 }
                 Failure::Refused(error) => return refuse(*record, error),
             };
@@ -196,6 +213,28 @@ fn next_for_not_here(job: &Forward<'_>, tried: &[usize]) -> Option<Admitted> {
         .runtime()
         .admission()
         .pick_now(&job.pick.as_request(), tried)
+        .ok()
+}
+
+/// Another replica, through flow control, for a generation whose replica
+/// broke before answering, within the pool's continuation attempts; `None`
+/// when the pool does not continue answers, the API is not a generation,
+/// or no replica took it.
+async fn resend_broken(job: &Forward<'_>, tried: &[usize], resent: &mut u32) -> Option<Admitted> {
+    let settings = job.pool.continuation();
+    if !settings.enabled
+        || *resent >= settings.max_attempts
+        || continuation::Api::of_path(job.outgoing.uri.path()).is_none()
+    {
+        return None;
+    }
+    *resent += 1;
+    let _migrating = job.pool.metrics().migrating();
+    job.pool
+        .runtime()
+        .admission()
+        .admit(job.pool.name(), job.ticket, job.pick.clone(), tried)
+        .await
         .ok()
 }
 
@@ -340,6 +379,7 @@ fn relay(
     let resend = continuation::Resend {
         pool: Arc::clone(job.pool),
         worker: job.worker,
+        ticket: job.ticket.clone(),
         pick: job.pick.clone(),
         request: job.outgoing.keep(),
         body: job.outgoing.body.clone(),

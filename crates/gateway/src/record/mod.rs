@@ -100,14 +100,7 @@ pub struct Record {
     moves: Vec<Move>,
 }
 
-/// The answer left a replica that failed it.
-#[derive(Debug, Clone)]
-pub struct Move {
-    pub from: Arc<str>,
-    /// Why, as `infergate_migrations_total` names it.
-    pub cause: &'static str,
-    pub tokens: u64,
-}
+pub use crate::telemetry::decisions::Move;
 
 impl Record {
     /// A request that arrived at `start`; `trace_id` is the context it

@@ -197,6 +197,7 @@ impl Record {
             completion_tokens: usage.completion_tokens,
             trace_id: self.trace_id,
             error: self.error.as_deref(),
+            moves: &self.moves,
         }
     }
 }

@@ -249,10 +249,21 @@ impl Pending {
             completion_tokens: ended.completion_tokens,
             trace_id: ended.trace_id,
             error: ended.error.map(str::to_owned),
+            moves: ended.moves.to_vec(),
             picked: self.picked,
         };
         self.feed.push(entry);
     }
+}
+
+/// The answer left a replica that failed it.
+#[derive(Debug, Clone)]
+pub struct Move {
+    pub from: Arc<str>,
+    /// Why, as `infergate_migrations_total` names it.
+    pub cause: &'static str,
+    /// Tokens the client had by then.
+    pub tokens: u64,
 }
 
 /// What a request's record knows when it ends.
@@ -274,6 +285,8 @@ pub struct Ended<'a> {
     pub completion_tokens: Option<u64>,
     pub trace_id: Option<u128>,
     pub error: Option<&'a str>,
+    /// The replicas the answer moved off, in order.
+    pub moves: &'a [Move],
 }
 
 /// One sampled request, as kept.
@@ -298,6 +311,7 @@ pub struct Entry {
     completion_tokens: Option<u64>,
     trace_id: Option<u128>,
     error: Option<String>,
+    moves: Vec<Move>,
     picked: Option<Picked>,
 }
 
@@ -350,6 +364,11 @@ impl Entry {
             "ttftMs": self.ttft.map(millis),
             "durationMs": millis(self.duration),
             "retries": self.retries,
+            "moved": self.moves.iter().map(|m| json!({
+                "from": &*m.from,
+                "reason": m.cause,
+                "tokens": m.tokens,
+            })).collect::<Vec<_>>(),
             "error": self.error,
         })
     }
@@ -412,6 +431,7 @@ mod tests {
             completion_tokens: None,
             trace_id: Some(1),
             error: None,
+            moves: &[],
         }
     }
 
@@ -512,8 +532,14 @@ mod tests {
         };
         pending.picked(&decision);
         let chosen: Arc<str> = Arc::clone(&decision.endpoint.addr);
+        let moves = [Move {
+            from: Arc::from("10.0.0.9:8000"),
+            cause: "broken",
+            tokens: 7,
+        }];
         pending.finish(Ended {
             endpoint: Some(&chosen),
+            moves: &moves,
             ..ended("x")
         });
         let entry = feed.find("x").unwrap();
@@ -521,6 +547,10 @@ mod tests {
         assert_eq!(summary["endpoint"], "10.0.0.0:8000");
         assert_eq!(summary["runnerUp"], "10.0.0.1:8000");
         assert!((summary["gap"].as_f64().unwrap() - 0.3).abs() < 1e-9);
+        assert_eq!(
+            summary["moved"],
+            json!([{"from": "10.0.0.9:8000", "reason": "broken", "tokens": 7}])
+        );
         let full = entry.full_json();
         assert_eq!(
             full["candidates"].as_array().unwrap().len(),

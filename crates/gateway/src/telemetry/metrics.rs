@@ -169,6 +169,7 @@ struct Families {
     pick_fallbacks: Family<PoolLabels, Counter>,
     prefix_sources: Family<PrefixSourceLabels, Counter>,
     migrations: Family<MigrationLabels, Counter>,
+    migrating: Family<PoolLabels, Gauge>,
     prefix_unmatched: Family<PrefixUnmatchedLabels, Counter>,
     routing_decisions: Family<EndpointLabels, Counter>,
     scrape_errors: Family<EndpointLabels, Counter>,
@@ -207,6 +208,7 @@ impl Families {
             pick_fallbacks: Family::default(),
             prefix_sources: Family::default(),
             migrations: Family::default(),
+            migrating: Family::default(),
             prefix_unmatched: Family::default(),
             routing_decisions: Family::default(),
             scrape_errors: Family::default(),
@@ -304,6 +306,11 @@ impl Families {
             "infergate_migrations",
             "Answers whose replica failed them after they started (reason: broken, stalled, evacuated; or, before the answer started, not_here, a replica that refused what another may serve), by what became of them (continued or resent on another replica, completed, not_continued, failed)",
             f.migrations.clone(),
+        );
+        registry.register(
+            "infergate_migrating",
+            "Answers whose replica failed them, now waiting for another replica to take the rest",
+            f.migrating.clone(),
         );
         registry.register(
             "infergate_routing_decisions",
@@ -627,6 +634,10 @@ impl Metrics {
                 .pick_fallbacks
                 .get_or_create(&PoolLabels { pool: pool.clone() })
                 .clone(),
+            migrating: f
+                .migrating
+                .get_or_create(&PoolLabels { pool: pool.clone() })
+                .clone(),
             prefix_sources,
             name: pool,
             families: f.clone(),
@@ -702,9 +713,20 @@ pub struct PoolMetrics {
     /// By endpoint index, for the membership the pool started with.
     endpoints: Vec<EndpointMetrics>,
     pick_fallbacks: Counter,
+    /// Answers now being moved to another replica.
+    migrating: Gauge,
     /// Picks by the source that scored the winner's prefix, approximate
     /// then events.
     prefix_sources: [Counter; 2],
+}
+
+/// Counts one answer in `infergate_migrating` while it lives.
+pub struct Migrating(Gauge);
+
+impl Drop for Migrating {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl PoolMetrics {
@@ -733,6 +755,12 @@ impl PoolMetrics {
                 outcome,
             })
             .inc();
+    }
+
+    /// An answer is being moved to another replica until the guard drops.
+    pub fn migrating(&self) -> Migrating {
+        self.migrating.inc();
+        Migrating(self.migrating.clone())
     }
 
     /// One request was sent to the replica `decision` chose.

@@ -1,6 +1,6 @@
 //! Each pool's traffic over the last seconds and minutes, for the fleet
 //! page (`/debug/traffic`): request rate, TTFT percentiles, 429s and
-//! errors.
+//! errors, answers moved off failing replicas and those moving now.
 //!
 //! Computed from the counters `/metrics` exports (`infergate_requests_total`
 //! and `infergate_ttft_seconds`), as the difference between two snapshots
@@ -30,6 +30,8 @@ const EVERY: Duration = Duration::from_secs(1);
 
 const REQUESTS: &str = "infergate_requests";
 const TTFT: &str = "infergate_ttft_seconds";
+const MIGRATIONS: &str = "infergate_migrations";
+const MIGRATING: &str = "infergate_migrating";
 
 /// One pool's counters at one time, summed over its models.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -39,6 +41,12 @@ struct Counts {
     /// Cumulative TTFT bucket counts by upper bound (seconds), ascending,
     /// `+Inf` last.
     ttft: Vec<(f64, f64)>,
+    /// Answers moved to another replica (continued, resent, completed).
+    moved: f64,
+    /// Answers whose replica failed them and that could not be moved.
+    not_moved: f64,
+    /// Answers moving now (a gauge: not differenced).
+    migrating: f64,
 }
 
 impl Counts {
@@ -76,6 +84,9 @@ impl Counts {
                 .iter()
                 .map(|(le, n)| (*le, (n - before_ttft(*le)).max(0.0)))
                 .collect(),
+            moved: (self.moved - earlier.map_or(0.0, |e| e.moved)).max(0.0),
+            not_moved: (self.not_moved - earlier.map_or(0.0, |e| e.not_moved)).max(0.0),
+            migrating: self.migrating,
         }
     }
 
@@ -106,6 +117,8 @@ impl<'a> Visitor<'a> for Reader {
     fn wants(&mut self, metric: &Metric<'a>) -> bool {
         (metric.family == REQUESTS && metric.suffix() == "_total")
             || (metric.family == TTFT && metric.suffix() == "_bucket")
+            || (metric.family == MIGRATIONS && metric.suffix() == "_total")
+            || metric.family == MIGRATING
     }
 
     fn sample(&mut self, sample: Sample<'a>) {
@@ -113,7 +126,14 @@ impl<'a> Visitor<'a> for Reader {
             return;
         };
         let counts = self.pools.entry(pool.into_owned()).or_default();
-        if sample.metric.family == REQUESTS {
+        if sample.metric.family == MIGRATIONS {
+            match sample.labels.get("outcome").as_deref() {
+                Some("not_continued" | "failed") => counts.not_moved += sample.value,
+                _ => counts.moved += sample.value,
+            }
+        } else if sample.metric.family == MIGRATING {
+            counts.migrating += sample.value;
+        } else if sample.metric.family == REQUESTS {
             if let Some(code) = sample.labels.get("code").and_then(|c| c.parse().ok()) {
                 *counts.by_status.entry(code).or_default() += sample.value;
             }
@@ -180,7 +200,12 @@ impl Traffic {
                     let seconds = latest.at.saturating_duration_since(base.at);
                     summary(&counts.since(base.pools.get(name)), seconds)
                 };
-                json!({"name": name, "recent": window(RECENT), "window": window(WINDOW)})
+                json!({
+                    "name": name,
+                    "migrating": counts.migrating,
+                    "recent": window(RECENT),
+                    "window": window(WINDOW),
+                })
             })
             .collect();
         json!({
@@ -222,6 +247,7 @@ fn summary(counts: &Counts, seconds: Duration) -> Value {
             "p50": ms(0.5),
             "p95": ms(0.95),
         },
+        "migrations": {"moved": counts.moved, "notMoved": counts.not_moved},
     })
 }
 
@@ -272,6 +298,12 @@ infergate_ttft_seconds_bucket{le=\"0.1\",pool=\"a\",model=\"m2\"} 2
 infergate_ttft_seconds_bucket{le=\"0.2\",pool=\"a\",model=\"m2\"} 2
 infergate_ttft_seconds_bucket{le=\"+Inf\",pool=\"a\",model=\"m2\"} 2
 infergate_ttft_seconds_count{pool=\"a\",model=\"m1\"} 6
+# TYPE infergate_migrations counter
+infergate_migrations_total{pool=\"a\",reason=\"broken\",outcome=\"continued\"} 4
+infergate_migrations_total{pool=\"a\",reason=\"not_here\",outcome=\"resent\"} 1
+infergate_migrations_total{pool=\"a\",reason=\"broken\",outcome=\"not_continued\"} 2
+# TYPE infergate_migrating gauge
+infergate_migrating{pool=\"a\"} 3
 # EOF
 ";
 
@@ -289,6 +321,7 @@ infergate_ttft_seconds_count{pool=\"a\",model=\"m1\"} 6
         assert_eq!(a.by_status[&200], 8.0);
         assert_eq!(a.by_status[&429], 3.0);
         assert_eq!(a.ttft, [(0.1, 4.0), (0.2, 8.0), (f64::INFINITY, 8.0)]);
+        assert_eq!((a.moved, a.not_moved, a.migrating), (5.0, 2.0, 3.0));
     }
 
     #[test]
@@ -348,6 +381,8 @@ infergate_ttft_seconds_count{pool=\"a\",model=\"m1\"} 6
         assert_eq!(v["rateLimited"], 3.0);
         assert_eq!(v["serverErrors"], 1.0);
         assert_eq!(v["seconds"], 105.0);
+        assert_eq!(v["migrations"]["moved"], 5.0);
+        assert_eq!(v["migrations"]["notMoved"], 2.0);
 
         // Nothing within 10 s but the last: the window reaches further back.
         history.remove(1);

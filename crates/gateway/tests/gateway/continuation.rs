@@ -206,6 +206,39 @@ async fn a_stream_cut_midway_continues_on_another_replica_as_if_never_cut() {
     assert!(migrations(&metrics, "broken", "continued") >= bodies.len() as f64);
 }
 
+/// A non-streaming request whose replica dies before answering (it had
+/// generated some tokens, none of which the client saw) is sent whole to
+/// another replica: the client gets one complete answer, that of a single
+/// run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_streaming_answer_whose_replica_dies_is_answered_whole_by_another() {
+    let dies = replica(sim::Faults {
+        cut_after_tokens: Some(4),
+        ..sim::Faults::default()
+    })
+    .await;
+    let healthy = replica(sim::Faults::default()).await;
+    let gw = gateway(&[&dies, &healthy], "").await;
+    let body = json!({"model": "m", "max_tokens": 20,
+        "messages": [{"role": "user", "content": "answer at once"}]});
+    let (status, single) = post(healthy.local_addr(), CHAT, &body).await;
+    assert_eq!(status, 200);
+    let single: Value = serde_json::from_str(&single).unwrap();
+    // Twice: round-robin sends one of the two to the replica that dies.
+    for round in 0..2 {
+        let (status, through) = post(gw.addr(), CHAT, &body).await;
+        assert_eq!(status, 200, "round {round}: {through}");
+        let through: Value = serde_json::from_str(&through).unwrap();
+        assert_eq!(
+            through["choices"][0]["message"]["content"], single["choices"][0]["message"]["content"],
+            "round {round}"
+        );
+        assert_eq!(through["usage"], single["usage"], "round {round}");
+    }
+    let metrics = admin_get(&gw, "/metrics").await;
+    assert!(migrations(&metrics, "broken", "resent") >= 1.0, "{metrics}");
+}
+
 /// What a continuation would not give faithfully is not continued: the
 /// stream ends with an error event in the OpenAI shape that says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -759,36 +759,53 @@ async fn garbage_replica() -> String {
     .await
 }
 
+/// A replica answering garbage had the request and will not answer it:
+/// the client's 502, unless another replica can answer it whole. Sending
+/// it elsewhere is continuation's resend (on by default); with
+/// continuation off the replica may be acting on it, and it is not sent
+/// again.
 #[tokio::test]
-async fn a_replica_answering_garbage_is_a_502_and_not_sent_elsewhere() {
+async fn a_replica_answering_garbage_is_a_502_unless_another_replica_answers_it() {
     let garbage = garbage_replica().await;
     let good = FakeReplica::start("good", Behaviour::Echo).await;
     let only_garbage = format!(
         "    - {{name: bad, engine: none, models: [bad], endpoints: [\"{garbage}\"], scheduling: {{policy: round-robin}}}}\n"
     );
-    let mixed = format!(
-        "    - {{name: mixed, engine: none, models: [m], endpoints: [\"{garbage}\", \"{}\"], scheduling: {{policy: round-robin}}}}\n",
-        good.addr
-    );
-    let gw = Gateway::start(&config("", &format!("{only_garbage}{mixed}")))
-        .await
-        .unwrap();
+    let mixed = |name: &str, model: &str, extra: &str| {
+        format!(
+            "    - {{name: {name}, engine: none, models: [{model}], endpoints: [\"{garbage}\", \"{}\"], scheduling: {{policy: round-robin}}{extra}}}\n",
+            good.addr
+        )
+    };
+    let pools = [
+        only_garbage,
+        mixed("mixed", "m", ""),
+        mixed("kept", "k", ", continuation: {enabled: false}"),
+    ]
+    .concat();
+    let gw = Gateway::start(&config("", &pools)).await.unwrap();
     let (status, body) = error_of(chat(&gw, "bad").await).await;
     assert_eq!(status, 502);
     assert_eq!(body["error"]["code"], "upstream_error");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("failed before answering"), "{message}");
-    // The garbage replica had the request, and may be generating it: it
-    // is not sent to another replica too.
+    // Every request is answered, those meeting the garbage by the good
+    // replica.
+    for _ in 0..4 {
+        assert_eq!(chat(&gw, "m").await.status().as_u16(), 200);
+    }
+    assert_eq!(good.count(), 4);
+    // With continuation off, a request that met the garbage is not sent
+    // to another replica too.
     let mut ok = 0;
     for _ in 0..4 {
-        match chat(&gw, "m").await.status().as_u16() {
+        match chat(&gw, "k").await.status().as_u16() {
             200 => ok += 1,
             status => assert_eq!(status, 502),
         }
     }
     assert_eq!(ok, 2, "round-robin: every other request meets the garbage");
-    assert_eq!(good.count(), ok);
+    assert_eq!(good.count(), 4 + ok);
 }
 
 #[tokio::test]

@@ -33,7 +33,7 @@ use request::Next;
 pub use transcript::Transcript;
 
 use crate::error::ApiError;
-use crate::flow::{Admitted, OwnedPick};
+use crate::flow::{Admitted, OwnedPick, Ticket};
 use crate::generation::pool::{Continuation as Settings, Pool};
 use crate::headers;
 use crate::inbound::server::WorkerId;
@@ -97,6 +97,7 @@ impl Outcome {
 pub struct Resend {
     pub pool: Arc<Pool>,
     pub worker: WorkerId,
+    pub ticket: Ticket,
     pub pick: OwnedPick,
     pub request: KeptRequest,
     /// The body the first replica was sent.
@@ -226,13 +227,16 @@ pub async fn send(
 ) -> Result<Continued, ApiError> {
     let pool = &resend.pool;
     let name = pool.name();
+    let _migrating = pool.metrics().migrating();
     let request = resend.request.with_body(body);
     loop {
+        // Through flow control like any request, in its band and its
+        // tenant's turn: waiting when every replica is saturated.
         let admitted = pool
             .runtime()
             .admission()
-            .pick_now(&resend.pick.as_request(), &tried)
-            .map_err(|e| ApiError::no_replicas(name, &e.to_string()))?;
+            .admit(name, &resend.ticket, resend.pick.clone(), &tried)
+            .await?;
         let endpoint = Arc::clone(&admitted.decision.endpoint);
         tried.push(endpoint.index);
         let sent_at = Instant::now();

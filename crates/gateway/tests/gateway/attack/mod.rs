@@ -1654,8 +1654,9 @@ async fn finding7c_a_stream_cut_by_the_replica_ends_with_an_error_event() {
 }
 
 /// (d) A request written in full to a reused connection that the replica
-/// then closes without answering may have been acted on: it is never sent
-/// again, to that replica or another.
+/// then closes without answering may have been acted on: with
+/// continuation off it is never sent again, to that replica or another.
+/// (With it on, see the next case.)
 #[tokio::test]
 async fn finding7d_a_request_lost_on_a_reused_connection_is_not_resent() {
     // Each replica answers the first request on a connection and closes
@@ -1667,7 +1668,12 @@ async fn finding7d_a_request_lost_on_a_reused_connection_is_not_resent() {
             Answer::Close
         }
     });
-    let lab = Lab::start("", "", vec![Arc::clone(&script), script]).await;
+    let lab = Lab::start(
+        "",
+        ", continuation: {enabled: false}",
+        vec![Arc::clone(&script), script],
+    )
+    .await;
     // One client connection, so one worker and its upstream connections:
     // round-robin sends 1 and 2 to fresh connections on each replica, and
     // 3 to the first one's, reused.
@@ -1711,6 +1717,55 @@ async fn finding7d_a_request_lost_on_a_reused_connection_is_not_resent() {
         &mut failed,
     );
     assert!(failed.is_empty(), "failed: {failed:#?}");
+}
+
+/// (d, continued) For a pool that continues answers, the generation its
+/// replica dropped unanswered goes whole to another replica, once: never
+/// again to the replica that dropped it.
+#[tokio::test]
+async fn finding7d_with_continuation_a_dropped_generation_goes_to_another_replica() {
+    let drops: Script = Arc::new(|seen: &Seen| {
+        if seen.on_conn == 0 {
+            replica::ok(seen)
+        } else {
+            Answer::Close
+        }
+    });
+    let answers: Script = Arc::new(replica::ok);
+    let lab = Lab::start(
+        "  admin: {address: \"127.0.0.1:0\"}\n",
+        "",
+        vec![drops, answers],
+    )
+    .await;
+    let mut conn = RawConn::open(lab.addr()).await.unwrap();
+    let bodies: Vec<String> = (1..=3)
+        .map(|n| format!(r#"{{"model":"m","n":{n}}}"#))
+        .collect();
+    let mut statuses = Vec::new();
+    for body in &bodies {
+        conn.send(post_ka(CHAT, body).as_bytes()).await.unwrap();
+        statuses.push(conn.answer().await.unwrap().status);
+    }
+    // Round-robin: 1 to the first replica, 2 to the second, 3 to the
+    // first's reused connection, which drops it.
+    assert_eq!(statuses, [200, 200, 200]);
+    let third: Vec<(usize, usize)> = lab
+        .replicas
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| r.seen().into_iter().map(move |s| (i, s)))
+        .filter(|(_, s)| s.request.body == bodies[2].as_bytes())
+        .map(|(i, s)| (i, s.on_conn))
+        .collect();
+    assert_eq!(third, [(0, 1), (1, 1)], "request 3 reached: {third:?}");
+    let metrics = crate::support::admin_get(&lab.gw, "/metrics").await;
+    let series = r#"infergate_migrations_total{pool="p",reason="broken",outcome="resent"}"#;
+    assert_eq!(
+        crate::support::sample(&metrics, series),
+        Some(1.0),
+        "{metrics}"
+    );
 }
 
 /// Every one of `bodies` reached the replicas exactly once, and the third

@@ -434,7 +434,14 @@ function updatePool(v, pool) {
     setText(s.limited.sub, `429s, ${span}`);
     s.limited.node.className = `stat ${win.rateLimited > 0 ? "warn" : ""}`.trim();
     setText(s.errors.value, fmtCount(win.serverErrors));
-    setText(s.errors.sub, `5xx, ${span}${win.clientClosed ? ` · ${fmtCount(win.clientClosed)} clients left` : ""}`);
+    const moves = win.migrations || { moved: 0, notMoved: 0 };
+    const moved = [
+      win.clientClosed ? `${fmtCount(win.clientClosed)} clients left` : "",
+      moves.moved ? `${fmtCount(moves.moved)} answers moved off failing replicas` : "",
+      moves.notMoved ? `${fmtCount(moves.notMoved)} could not move` : "",
+      t.migrating ? `${fmtCount(t.migrating)} moving now` : "",
+    ].filter(Boolean);
+    setText(s.errors.sub, [`5xx, ${span}`, ...moved].join(" · "));
     s.errors.node.className = `stat ${win.serverErrors > 0 ? "bad" : ""}`.trim();
   }
 
@@ -617,6 +624,7 @@ async function openRecord(id) {
     field("Duration", fmtMs(r.durationMs)),
     field("Stream", r.stream ? "yes" : "no"),
     field("Retries", String(r.retries)),
+    r.moved && r.moved.length ? field("Moved", r.moved.map((m) => `off ${m.from} (${m.reason}) after ${fmtCount(m.tokens)} tokens`).join("; "), "mono") : null,
     field("Tokens", tokens),
     field("Policy", r.policy ? `${r.policy}${r.fallback ? " (least-request fallback)" : ""}` : null),
     field("Trace id", r.traceId, "mono"),
