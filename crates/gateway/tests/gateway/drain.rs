@@ -9,7 +9,8 @@ use gateway::Gateway;
 use serde_json::{Value, json};
 
 use crate::support::{
-    Behaviour, CHAT, FakeReplica, client, config, debug_pools, emit, plain_pool, poll_until, within,
+    Behaviour, CHAT, FakeReplica, admin_get, client, config, debug_pools, emit, plain_pool,
+    poll_until, sample, within,
 };
 
 const ADMIN: &str = "  admin: {address: \"127.0.0.1:0\"}\n";
@@ -77,22 +78,7 @@ async fn admin(
 
 /// The admin listener's `/metrics`.
 async fn scrape(gw: &Gateway) -> String {
-    let admin = gw.admin_addr().unwrap();
-    client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// The value of the sample `series` (its labels as written).
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    admin_get(gw, "/metrics").await
 }
 
 fn drain_path(replica: &FakeReplica) -> String {
