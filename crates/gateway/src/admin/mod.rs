@@ -235,6 +235,7 @@ fn kv_events_json(p: &kv_events::index::PublisherStatus) -> Value {
         "lastSequence": p.last_sequence,
         "batches": p.batches,
         "events": p.events,
+        "eventsPerSecond": p.events_per_second,
         "unknownEvents": p.unknown_events,
         "gaps": p.gaps,
         "replays": p.replays,

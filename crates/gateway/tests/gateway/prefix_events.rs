@@ -192,6 +192,19 @@ async fn two_gateways_find_a_conversation_where_the_engine_holds_it() {
         .await;
     }
 
+    // The stored blocks are events lately applied: the holder's stream
+    // shows a rate.
+    let pool = debug_pool(&a).await;
+    let rate: f64 = pool["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["address"] == holder)
+        .flat_map(|e| e["kvEvents"].as_array().unwrap().clone())
+        .map(|rank| rank["eventsPerSecond"].as_f64().unwrap())
+        .sum();
+    assert!(rate > 0.0, "{pool}");
+
     // Gateway B never saw the conversation: its guess knows nothing, the
     // events say where it is, and its next turns go there.
     let before = prefix_picks_by_events(&b).await;

@@ -36,6 +36,7 @@
 
 mod holders;
 mod query;
+mod rate;
 mod state;
 mod types;
 

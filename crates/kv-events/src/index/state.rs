@@ -3,8 +3,10 @@
 //! state and the pool's shared map together, under the pool's lock.
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use super::holders::{Holders, MixMap};
+use super::rate::RateMeter;
 use super::types::{PublisherId, PublisherStatus, Source, Tier};
 use crate::keys::{self, BlockKey, KeyHasher};
 use crate::wire::{BlockRemoved, BlockStored, EventBatch, KvEvent, Value};
@@ -36,6 +38,7 @@ pub(crate) struct PublisherState {
     removed: MixMap<u64, BlockKey>,
     removal_order: VecDeque<u64>,
     tier_blocks: [usize; 2],
+    rate: RateMeter,
     pub status: PublisherStatus,
 }
 
@@ -48,6 +51,7 @@ impl PublisherState {
             removed: MixMap::default(),
             removal_order: VecDeque::new(),
             tier_blocks: [0; 2],
+            rate: RateMeter::new(Instant::now()),
             status: PublisherStatus::new(id),
         }
     }
@@ -56,6 +60,7 @@ impl PublisherState {
         let mut status = self.status.clone();
         status.gpu_blocks = self.tier_blocks[Tier::Gpu as usize];
         status.offload_blocks = self.tier_blocks[Tier::Offload as usize];
+        status.events_per_second = self.rate.rate(Instant::now());
         status
     }
 
@@ -74,6 +79,7 @@ impl PublisherState {
     pub fn apply(&mut self, slot: u32, holders: &mut Holders, batch: &EventBatch) {
         self.status.batches += 1;
         self.status.events += batch.events.len() as u64;
+        self.rate.add(batch.events.len() as u64, Instant::now());
         let mut hasher = KeyHasher::new();
         for event in &batch.events {
             match event {

@@ -82,6 +82,8 @@ pub struct PublisherStatus {
     pub last_sequence: Option<u64>,
     pub batches: u64,
     pub events: u64,
+    /// Events per second lately (over about ten seconds).
+    pub events_per_second: f64,
     /// Blocks stored and removed, over the stream's life (a block stored in
     /// two tiers counts twice).
     pub stored_blocks: u64,
@@ -117,6 +119,7 @@ impl PublisherStatus {
             last_sequence: None,
             batches: 0,
             events: 0,
+            events_per_second: 0.0,
             stored_blocks: 0,
             removed_blocks: 0,
             unknown_events: 0,
