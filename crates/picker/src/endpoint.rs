@@ -1,7 +1,7 @@
 //! A replica as the picker sees it: its address, the load this gateway has
-//! put on it, the latest observation of its engine, and whether it is
-//! draining (taking no new requests) or evacuating (its streams should
-//! move elsewhere).
+//! put on it, the latest observation of its engine, its latency model, and
+//! whether it is draining (taking no new requests) or evacuating (its
+//! streams should move elsewhere).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +12,7 @@ use std::task::{Context, Poll, Waker};
 use arc_swap::{ArcSwap, Guard};
 
 use crate::observation::Observation;
+use crate::predict::LatencyModel;
 use crate::summary::{ObservationSummary, SummaryCell};
 
 /// Weight of the newest answer in [`Endpoint::token_time`].
@@ -184,6 +185,8 @@ pub struct Endpoint {
     token_time: AtomicU64,
     /// `SERVING`, `DRAINING` or `EVACUATING`.
     drain: AtomicU8,
+    /// What this replica's latency has been learned to be.
+    latency: LatencyModel,
 }
 
 impl Endpoint {
@@ -201,6 +204,7 @@ impl Endpoint {
             context_limit: AtomicU64::new(0),
             token_time: AtomicU64::new(0),
             drain: AtomicU8::new(SERVING),
+            latency: LatencyModel::default(),
         })
     }
 
@@ -291,6 +295,13 @@ impl Endpoint {
             None => seconds,
         };
         self.token_time.store(next.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The replica's latency model: what the predicted policy reads, and
+    /// what the gateway teaches with each finished request
+    /// ([`LatencyModel::observe`] with the features the decision carried).
+    pub fn latency(&self) -> &LatencyModel {
+        &self.latency
     }
 
     pub fn is_reachable(&self) -> bool {

@@ -10,7 +10,9 @@
 //! - [`health`](mod@health): when a replica's metrics can be trusted.
 //! - [`summary`]: the figures of an observation every pick reads, kept in
 //!   a sequence lock so reading them is cheap.
-//! - [`endpoint`]: a replica, its in-flight load and its observation.
+//! - [`predict`]: each replica's online model of its latency.
+//! - [`endpoint`]: a replica, its in-flight load, its observation and its
+//!   latency model.
 //! - [`prefix`]: prompt hashing and the prefix-cache affinity index.
 //! - [`scorers`]: one score in `[0, 1]` per candidate and signal.
 //! - [`session`]: session affinity, bounded-load rendezvous hashing.
@@ -21,7 +23,8 @@
 //!
 //! Modules depend one way, never back: `observation` ← `health` ←
 //! `summary` (over the leaf `seqlock`) ← `endpoint` ← `explain` ← `pool`,
-//! with `policy`, `prefix`, `scorers` and `retry_after` below `pool`.
+//! with `predict` (over `seqlock` and `policy`) below `endpoint`, and
+//! `policy`, `prefix`, `scorers` and `retry_after` below `pool`.
 
 pub mod endpoint;
 pub mod explain;
@@ -30,6 +33,7 @@ pub mod health;
 pub mod observation;
 pub mod policy;
 pub mod pool;
+pub mod predict;
 pub mod prefix;
 pub mod retry_after;
 pub mod scorers;
@@ -42,9 +46,11 @@ pub use explain::{CandidateScore, ScoresHeader, TopScores};
 pub use health::{Health, health};
 pub use observation::{EngineState, Observation};
 pub use policy::{
-    Fallback, InflightTolerance, PickerConfig, Policy, PrefixConfig, Saturation, Weights,
+    Fallback, InflightTolerance, PickerConfig, Policy, PredictConfig, PrefixConfig, Saturation,
+    Weights,
 };
 pub use pool::{Decision, PickError, PickRequest, Picker};
+pub use predict::{LatencyFeatures, LatencyModel, LatencyModelSummary, LatencyPrediction, Slo};
 pub use prefix::{
     ExactPrefix, PrefixIndex, PrefixSource, PromptHasher, PromptValue, prompt_hashes,
 };

@@ -27,14 +27,20 @@ pub enum Policy {
     LeastRequest,
     /// Uniformly at random. Ignores every signal.
     Random,
+    /// The candidates of [`Policy::Scored`], ranked by each replica's
+    /// predicted end-to-end time for the request, learned online per
+    /// replica ([`crate::predict`]); the scored policy decides while a
+    /// candidate's model is not yet trusted.
+    Predicted,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::RoundRobin,
         Policy::LeastRequest,
         Policy::Random,
         Policy::Scored,
+        Policy::Predicted,
     ];
 
     /// The name used in configuration files.
@@ -44,13 +50,21 @@ impl Policy {
             Policy::LeastRequest => "least-request",
             Policy::Random => "random",
             Policy::Scored => "scored",
+            Policy::Predicted => "predicted",
         }
     }
 
     /// Whether the policy reads scraped engine signals (and therefore needs
     /// them to be fresh).
     pub fn uses_signals(self) -> bool {
-        matches!(self, Policy::Scored)
+        self.uses_scores()
+    }
+
+    /// Whether the policy filters and scores candidates as
+    /// [`Policy::Scored`] does: the scored policy itself, and the
+    /// predicted policy, which falls back to it.
+    pub fn uses_scores(self) -> bool {
+        matches!(self, Policy::Scored | Policy::Predicted)
     }
 }
 
@@ -70,7 +84,7 @@ impl FromStr for Policy {
             .ok_or_else(|| UnknownName {
                 kind: "policy",
                 name: s.to_owned(),
-                expected: "round-robin, least-request, random, scored",
+                expected: "round-robin, least-request, random, scored, predicted",
             })
     }
 }
@@ -473,6 +487,86 @@ impl Default for InflightTolerance {
     }
 }
 
+/// How each replica's latency model learns and when [`Policy::Predicted`]
+/// trusts it ([`crate::predict`]; docs/picker.md, "Predicted latency").
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PredictConfig {
+    /// Observations a replica's model needs before its predictions are
+    /// used; a replica with fewer is explored. Default 20: about three per
+    /// coefficient of the model (7 per target), and with the recent error's
+    /// weight of 0.1 the first, untrained guesses weigh about a tenth of
+    /// the error by then.
+    pub min_observations: u64,
+    /// Recent mean absolute percentage error, of TTFT and of ITL, under
+    /// which a model is trusted. Default 0.35: on the synthetic fleets of
+    /// the tests a model of the right form settles at 0.05-0.15 with 10 %
+    /// noise, and one that has not caught up with a change of its replica
+    /// (a speed that doubled: 0.5) is over it within a few requests.
+    pub max_error: f64,
+    /// The forgetting factor λ of the recursive least squares: each
+    /// observation's weight falls by λ per later one, so the fit remembers
+    /// about `1 / (1 - λ)` requests. Default 0.98 (50 requests): a replica
+    /// whose speed doubled is learned again within the bound the drift test
+    /// asserts; at 0.995 the same took four times longer, at 0.95 the
+    /// error on a steady replica rose by a third (docs/picker.md).
+    pub forgetting: f64,
+    /// Share of picks that go, at random, to a replica still being
+    /// measured (fewer than `min_observations`), so a replica that has
+    /// just joined is measured even when the others look faster.
+    /// Default 0.1: a newcomer is measured within about 200 picks of the
+    /// pool, and at most a tenth of the pool's requests go where nothing
+    /// is known yet.
+    pub explore_share: f64,
+}
+
+impl PredictConfig {
+    pub const DEFAULT_MIN_OBSERVATIONS: u64 = 20;
+    pub const DEFAULT_MAX_ERROR: f64 = 0.35;
+    pub const DEFAULT_FORGETTING: f64 = 0.97;
+    pub const DEFAULT_EXPLORE_SHARE: f64 = 0.1;
+    /// Output tokens assumed for a request that says nothing of its length
+    /// (`PickRequest::expected_output_tokens` 0): a typical chat answer.
+    pub const DEFAULT_OUTPUT_TOKENS: u64 = 256;
+    /// Weight of the newest observation in the recent error: about the
+    /// last ten requests count, so a model that goes wrong loses trust
+    /// within a few.
+    pub const ERROR_WEIGHT: f64 = 0.1;
+
+    /// Every problem with these settings, in one message each.
+    fn problems(&self, problems: &mut Vec<String>) {
+        if self.min_observations == 0 {
+            problems.push("predict.min_observations must be >= 1".into());
+        }
+        let error = self.max_error;
+        if !(error.is_finite() && error > 0.0) {
+            problems.push(format!("predict.max_error must be > 0, got {error}"));
+        }
+        let forgetting = self.forgetting;
+        if !(forgetting > 0.5 && forgetting <= 1.0) {
+            problems.push(format!(
+                "predict.forgetting must be in (0.5, 1], got {forgetting}"
+            ));
+        }
+        let share = self.explore_share;
+        if !(0.0..=1.0).contains(&share) {
+            problems.push(format!(
+                "predict.explore_share must be in [0, 1], got {share}"
+            ));
+        }
+    }
+}
+
+impl Default for PredictConfig {
+    fn default() -> Self {
+        PredictConfig {
+            min_observations: Self::DEFAULT_MIN_OBSERVATIONS,
+            max_error: Self::DEFAULT_MAX_ERROR,
+            forgetting: Self::DEFAULT_FORGETTING,
+            explore_share: Self::DEFAULT_EXPLORE_SHARE,
+        }
+    }
+}
+
 /// How prompts are cut into blocks for prefix affinity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct PrefixConfig {
@@ -562,16 +656,23 @@ pub struct PickerConfig {
     pub prefix: PrefixConfig,
     /// Context length of a replica that has not said its own.
     pub context_length: Option<u64>,
+    /// The latency models of [`Policy::Predicted`].
+    pub predict: PredictConfig,
 }
 
 impl PickerConfig {
     pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(1);
 
-    /// Whether picks read the prompt's prefix hashes: only scored picks
-    /// with prefix affinity weighed, or explained. Other picks need not
-    /// hash the prompt at all.
+    /// Whether picks read the prompt's prefix hashes: scored picks with
+    /// prefix affinity weighed, or explained, and every predicted pick
+    /// (the cached share of the prompt is a feature of its latency
+    /// models). Other picks need not hash the prompt at all.
     pub fn uses_prompt_hashes(&self, explain: bool) -> bool {
-        self.policy == Policy::Scored && (self.weights.prefix > 0.0 || explain)
+        match self.policy {
+            Policy::Predicted => true,
+            Policy::Scored => self.weights.prefix > 0.0 || explain,
+            _ => false,
+        }
     }
 
     /// Every problem with the config, in one message each; empty when valid.
@@ -586,8 +687,11 @@ impl PickerConfig {
                 ));
             }
         }
-        if self.policy == Policy::Scored && self.weights.sum() <= 0.0 {
-            problems.push("weights: at least one weight must be > 0 for the scored policy".into());
+        if self.policy.uses_scores() && self.weights.sum() <= 0.0 {
+            problems.push(format!(
+                "weights: at least one weight must be > 0 for the {} policy",
+                self.policy
+            ));
         }
         if self.saturation.queue_depth == 0 {
             problems.push("saturation.queue_depth must be >= 1".into());
@@ -611,6 +715,7 @@ impl PickerConfig {
         if self.prefix.default_capacity_blocks == 0 {
             problems.push("prefix.default_capacity_blocks must be >= 1".into());
         }
+        self.predict.problems(&mut problems);
         problems
     }
 
@@ -636,6 +741,7 @@ impl Default for PickerConfig {
             fallback: Fallback::default(),
             prefix: PrefixConfig::default(),
             context_length: None,
+            predict: PredictConfig::default(),
         }
     }
 }
@@ -655,6 +761,9 @@ mod tests {
         unweighted.weights.prefix = 0.0;
         assert!(!unweighted.uses_prompt_hashes(false));
         assert!(unweighted.uses_prompt_hashes(true));
+        // The predicted policy reads the cached share of every prompt.
+        unweighted.policy = Policy::Predicted;
+        assert!(unweighted.uses_prompt_hashes(false));
         for policy in [Policy::RoundRobin, Policy::LeastRequest, Policy::Random] {
             let config = PickerConfig {
                 policy,
@@ -820,6 +929,37 @@ mod tests {
         let problems = bad.validate().unwrap_err();
         assert_eq!(problems.len(), 5, "{problems:?}");
         assert!(problems[0].contains("weights.queue"));
+
+        let bad = PickerConfig {
+            policy: Policy::Predicted,
+            weights: Weights {
+                queue: 0.0,
+                kv_cache: 0.0,
+                inflight: 0.0,
+                prefix: 0.0,
+                lora: 0.0,
+                speed: 0.0,
+                session: 0.0,
+            },
+            predict: PredictConfig {
+                min_observations: 0,
+                max_error: f64::NAN,
+                forgetting: 1.5,
+                explore_share: -0.1,
+            },
+            ..PickerConfig::default()
+        };
+        let problems = bad.validate().unwrap_err();
+        assert_eq!(problems.len(), 5, "{problems:?}");
+        assert!(problems[0].contains("predicted policy"), "{problems:?}");
+        for (problem, field) in problems[1..].iter().zip([
+            "min_observations",
+            "max_error",
+            "forgetting",
+            "explore_share",
+        ]) {
+            assert!(problem.contains(field), "{problem}");
+        }
     }
 
     #[test]

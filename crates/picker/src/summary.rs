@@ -20,6 +20,8 @@ pub struct ObservationSummary {
     /// Changes with every stored observation; 0 before the first.
     pub generation: u64,
     pub waiting: Option<u64>,
+    /// Requests in the engine's running batch.
+    pub running: Option<u64>,
     pub kv_usage: Option<f64>,
     /// Requests wait for LoRA adapter slots (`waiting_adapters` non-empty).
     pub adapter_bound: bool,
@@ -35,6 +37,7 @@ impl ObservationSummary {
         ObservationSummary {
             generation: 0,
             waiting: state.and_then(|s| s.waiting),
+            running: state.and_then(|s| s.running),
             kv_usage: state.and_then(|s| s.kv_usage),
             adapter_bound: state.is_some_and(|s| !s.waiting_adapters.is_empty()),
             last_good: observation.last_good,
@@ -49,6 +52,7 @@ impl ObservationSummary {
 
 /// Sentinels for `None` in the words.
 const NO_WAITING: u64 = u64::MAX;
+const NO_RUNNING: u64 = u64::MAX;
 const NO_INSTANT: u64 = u64::MAX;
 const FAILED: u64 = 1;
 const ADAPTER_BOUND: u64 = 2;
@@ -61,7 +65,8 @@ const KV_USAGE: usize = 1;
 /// fit; `NO_INSTANT` when there has been no good scrape.
 const LAST_GOOD: usize = 2;
 const FLAGS: usize = 3;
-const WORDS: usize = 4;
+const RUNNING: usize = 4;
+const WORDS: usize = 5;
 
 #[derive(Debug, Default)]
 pub(crate) struct SummaryCell {
@@ -74,6 +79,7 @@ impl SummaryCell {
         let summary = ObservationSummary::of(observation);
         let mut words = [0; WORDS];
         words[WAITING] = summary.waiting.unwrap_or(NO_WAITING);
+        words[RUNNING] = summary.running.unwrap_or(NO_RUNNING);
         words[KV_USAGE] = summary.kv_usage.unwrap_or(f64::NAN).to_bits();
         words[LAST_GOOD] = summary.last_good.map_or(NO_INSTANT, encode);
         words[FLAGS] = if summary.failed { FAILED } else { 0 }
@@ -94,12 +100,14 @@ impl SummaryCell {
             return Some(ObservationSummary::of(&Observation::default()));
         }
         let waiting = words[WAITING];
+        let running = words[RUNNING];
         let kv_usage = f64::from_bits(words[KV_USAGE]);
         let last_good = words[LAST_GOOD];
         let flags = words[FLAGS];
         Some(ObservationSummary {
             generation,
             waiting: (waiting != NO_WAITING).then_some(waiting),
+            running: (running != NO_RUNNING).then_some(running),
             kv_usage: (!kv_usage.is_nan()).then_some(kv_usage),
             adapter_bound: flags & ADAPTER_BOUND != 0,
             last_good: (last_good != NO_INSTANT).then(|| decode(last_good)),
@@ -149,6 +157,7 @@ mod tests {
         Observation {
             state: Some(Arc::new(EngineState {
                 waiting,
+                running: waiting.map(|w| w * 2 + 1),
                 kv_usage: kv,
                 waiting_adapters: vec!["sql".into()],
                 ..EngineState::default()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::endpoint::{Endpoint, LoadGuard};
 use crate::explain::{CandidateScore, ScoresHeader, TopScores};
 use crate::policy::Policy;
+use crate::predict::{LatencyFeatures, LatencyPrediction, Slo};
 use crate::prefix::{ExactPrefix, PrefixSource};
 
 /// What the picker needs to know about a request.
@@ -38,6 +39,16 @@ pub struct PickRequest<'a> {
     /// What the engines' KV-cache events say each replica holds of the
     /// prompt; `None` where the pool has only the approximate index.
     pub exact_prefix: Option<&'a dyn ExactPrefix>,
+    /// Estimated prompt length, in tokens: with the share of the prompt a
+    /// replica is believed to hold, the prefill a latency model sees.
+    pub prompt_tokens: u64,
+    /// Output tokens expected (from `max_tokens` or a route's estimate);
+    /// 0 when unknown, counted as
+    /// [`PredictConfig::DEFAULT_OUTPUT_TOKENS`](crate::PredictConfig::DEFAULT_OUTPUT_TOKENS).
+    pub expected_output_tokens: u64,
+    /// The request's latency objectives; [`Policy::Predicted`] avoids
+    /// replicas predicted to miss them.
+    pub slo: Option<Slo>,
 }
 
 /// The chosen replica, and why.
@@ -58,6 +69,13 @@ pub struct Decision {
     pub estimated_tokens: u64,
     /// Which index scored the chosen replica's prefix affinity.
     pub prefix_source: PrefixSource,
+    /// The chosen replica's latency features at pick time and, when its
+    /// model is trusted, its prediction for them ([`Policy::Scored`] and
+    /// [`Policy::Predicted`] picks). When the request ends, hand the
+    /// features with the observed latencies to
+    /// `decision.endpoint.latency().observe(..)`, so the model learns from
+    /// whichever policy picks.
+    pub latency: Option<(LatencyFeatures, Option<LatencyPrediction>)>,
 }
 
 impl Decision {
@@ -82,7 +100,7 @@ impl Decision {
 }
 
 /// Why no replica was picked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum PickError {
     /// Every replica is unreachable or was already tried (503).
     NoReplicas,
@@ -94,6 +112,17 @@ pub enum PickError {
         retry_after: Duration,
         /// Requests waiting across the saturated replicas.
         waiting: u64,
+    },
+    /// Every candidate's model is trusted and none is predicted to meet
+    /// the request's [`Slo`]. The request's band decides: `critical` picks
+    /// again without the objectives, `standard` waits, `sheddable` is
+    /// refused (429 with `Retry-After`).
+    SloUnmet {
+        /// The pool's `Retry-After` estimate for the requests queued on
+        /// the candidates.
+        retry_after: Duration,
+        /// The prediction of the candidate with the least predicted cost.
+        best: LatencyPrediction,
     },
 }
 
@@ -111,6 +140,14 @@ impl fmt::Display for PickError {
             } => write!(
                 f,
                 "every replica is saturated ({waiting} requests waiting); retry after {} s",
+                retry_after.as_secs()
+            ),
+            PickError::SloUnmet { retry_after, best } => write!(
+                f,
+                "no replica is predicted to meet the latency objectives (best: {:.0} ms to \
+                 first token, {:.1} ms per token); retry after {} s",
+                best.ttft * 1e3,
+                best.itl * 1e3,
                 retry_after.as_secs()
             ),
         }

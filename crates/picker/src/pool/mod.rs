@@ -1,12 +1,14 @@
 //! A pool of replicas and the pick over its current membership.
 //!
 //! Inside, dependencies run one way: this module drives the policies
-//! (`scored`, which uses `simple`) and lends them what they read of the
+//! (`scored`, which uses `simple`, and in which `predicted` ranks the
+//! candidates by predicted latency) and lends them what they read of the
 //! pool; a pick's request, result and error live in the leaf `decision`,
-//! which both this module and `scored` build on.
+//! which this module, `scored` and `predicted` build on.
 
 mod context;
 mod decision;
+mod predicted;
 mod scored;
 mod simple;
 
@@ -50,6 +52,9 @@ impl fmt::Debug for Picker {
 
 impl Picker {
     pub fn new(config: PickerConfig, endpoints: Vec<Arc<Endpoint>>) -> Self {
+        for endpoint in &endpoints {
+            endpoint.latency().configure(&config.predict);
+        }
         Picker {
             prefix: PrefixIndex::new(config.prefix.default_capacity_blocks),
             endpoints: ArcSwap::from_pointee(endpoints),
@@ -68,6 +73,9 @@ impl Picker {
     /// Apply a new configuration to later picks. Load, membership and the
     /// prefix index carry over.
     pub fn set_config(&self, config: PickerConfig) {
+        for endpoint in self.endpoints.load().iter() {
+            endpoint.latency().configure(&config.predict);
+        }
         self.config.store(Arc::new(config));
     }
 
@@ -79,8 +87,13 @@ impl Picker {
     /// Swap in a new membership. Keep the same `Arc<Endpoint>` for a replica
     /// that stays, so its in-flight load carries over. The prefix index
     /// forgets every endpoint index that is gone or now names another
-    /// address.
+    /// address. Latency models go with their endpoints: a replica that
+    /// joins starts unmeasured, and is explored.
     pub fn replace_endpoints(&self, endpoints: Vec<Arc<Endpoint>>) {
+        let predict = self.config.load().predict;
+        for endpoint in &endpoints {
+            endpoint.latency().configure(&predict);
+        }
         let old = self.endpoints.swap(Arc::new(endpoints));
         let new = self.endpoints.load();
         for gone in old.iter() {
@@ -139,6 +152,7 @@ impl Picker {
                     scores: Vec::new(),
                     estimated_tokens: req.estimated_tokens,
                     prefix_source: crate::PrefixSource::Approximate,
+                    latency: None,
                 })
                 .ok_or(PickError::NoReplicas)
         };
@@ -146,7 +160,7 @@ impl Picker {
             Policy::RoundRobin => plain(simple::round_robin(&snapshot, exclude, &self.round_robin)),
             Policy::LeastRequest => plain(simple::least_request(&snapshot, exclude, rng)),
             Policy::Random => plain(simple::random(&snapshot, exclude, rng)),
-            Policy::Scored => scored::ScoredPick {
+            Policy::Scored | Policy::Predicted => scored::ScoredPick {
                 snapshot: &snapshot,
                 config: &config,
                 req,
@@ -161,12 +175,13 @@ impl Picker {
 
     /// Note that the prompt `hashes` went to `endpoint` (an endpoint index),
     /// so later requests sharing the prefix prefer it. Call right after a
-    /// scored pick, before forwarding, so a burst sharing a prefix sees it.
-    /// Does nothing unless the policy is [`Policy::Scored`] with a prefix
-    /// weight above 0.
+    /// scored or predicted pick, before forwarding, so a burst sharing a
+    /// prefix sees it. Does nothing unless the policy reads prompt hashes
+    /// ([`PickerConfig::uses_prompt_hashes`]: [`Policy::Predicted`], or
+    /// [`Policy::Scored`] with a prefix weight above 0).
     pub fn record(&self, endpoint: usize, hashes: &[u64]) {
         let config = self.config.load();
-        if config.policy != Policy::Scored || config.weights.prefix <= 0.0 || hashes.is_empty() {
+        if !config.uses_prompt_hashes(false) || hashes.is_empty() {
             return;
         }
         let capacity = self

@@ -1,8 +1,9 @@
 //! The scored pick, in the steps docs/picker.md names: the candidates
 //! (reachable, not draining, not excluded, healthy, unsaturated; over a
-//! sample in large pools), their prefix matches, the scores, the choice
-//! (highest weighted total, random among ties) and, when asked, the
-//! explanation.
+//! sample in large pools), their prefix matches and latency features, the
+//! predicted pick when the policy is [`Policy::Predicted`] and its models
+//! decide, then the scores, the choice (highest weighted total, random
+//! among ties) and, when asked, the explanation.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -11,11 +12,13 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 
 use super::decision::{Decision, PickError, PickRequest};
+use super::predicted::{self, Verdict};
 use super::simple::{self, is_candidate};
 use crate::endpoint::Endpoint;
 use crate::explain::{CandidateScore, TopScores};
 use crate::health::Health;
 use crate::policy::{Fallback, PickerConfig, Policy, Weights};
+use crate::predict::{LatencyFeatures, LatencyPrediction};
 use crate::prefix::{ExactPrefix, MatchScratch, PrefixIndex, PrefixSource};
 use crate::scorers::{Features, LoraFit, ScoreContext, Scorer};
 use crate::session::{self, SessionFit};
@@ -32,6 +35,9 @@ struct Scratch {
     /// Candidate → endpoint index.
     indexes: Vec<usize>,
     signals: Vec<Features>,
+    /// Candidates' latency features, for the predicted pick and the
+    /// decision.
+    latency: Vec<LatencyFeatures>,
     matched: Vec<usize>,
     /// Candidates' exact shares of the prompt, where events say.
     exact: Vec<Option<f64>>,
@@ -54,6 +60,7 @@ impl Scratch {
         self.positions.clear();
         self.indexes.clear();
         self.signals.clear();
+        self.latency.clear();
         self.matched.clear();
         self.exact.clear();
         self.columns.clear();
@@ -116,35 +123,123 @@ impl ScoredPick<'_> {
             return self.without_candidates(&census, rng);
         }
         self.prefix_matches(scratch);
+        self.latency_features(scratch);
+        if self.predicts() {
+            let candidates = predicted::Candidates {
+                snapshot: self.snapshot,
+                positions: &scratch.positions,
+                features: &scratch.latency,
+            };
+            match predicted::decide(&candidates, self.req, &self.config.predict, rng) {
+                Verdict::Chosen {
+                    candidate,
+                    prediction,
+                } => {
+                    let scores = if self.req.explain {
+                        self.session_home(scratch);
+                        self.score(scratch);
+                        let weights = self.weights();
+                        self.explain(
+                            &self.totals(&weights, scratch),
+                            &scratch.positions,
+                            candidate,
+                        )
+                    } else {
+                        Vec::new()
+                    };
+                    return Ok(self.decision(
+                        Policy::Predicted,
+                        candidate,
+                        prediction,
+                        scratch,
+                        None,
+                        scores,
+                    ));
+                }
+                Verdict::Unmet { best, waiting } => {
+                    return Err(PickError::SloUnmet {
+                        retry_after: (self.retry_after)(
+                            waiting.round() as u64,
+                            scratch.signals.len(),
+                        ),
+                        best,
+                    });
+                }
+                Verdict::Untrusted => {}
+            }
+        }
         self.session_home(scratch);
         self.score(scratch);
-        // Without a session the session scorer does not take part, so
-        // sessionless picks total exactly as they would without it.
-        let mut weights = self.config.weights;
-        if self.req.session.is_none() {
-            weights.session = 0.0;
-        }
-        let totals = Totals {
-            weights: &weights,
-            weight_sum: weights.sum(),
-            columns: &scratch.columns,
-            count: scratch.signals.len(),
-        };
+        let weights = self.weights();
+        let totals = self.totals(&weights, scratch);
         let choice = choose(&totals, rng);
         let scores = if self.req.explain {
             self.explain(&totals, &scratch.positions, choice.winner)
         } else {
             Vec::new()
         };
-        Ok(Decision {
-            endpoint: Arc::clone(&self.snapshot[scratch.positions[choice.winner]]),
-            policy: Policy::Scored,
+        let winner = choice.winner;
+        let prediction = self.snapshot[scratch.positions[winner]]
+            .latency()
+            .predict(&scratch.latency[winner]);
+        Ok(self.decision(
+            Policy::Scored,
+            winner,
+            prediction,
+            scratch,
+            Some(choice.top),
+            scores,
+        ))
+    }
+
+    /// Whether the predictions may decide this pick: under the predicted
+    /// policy, for requests that name no LoRA adapter (adapter residency
+    /// is not among the models' features, so the scored policy, which
+    /// weighs it, decides those).
+    fn predicts(&self) -> bool {
+        self.config.policy == Policy::Predicted && self.req.adapter.is_none()
+    }
+
+    /// The weights in force. Without a session the session scorer does
+    /// not take part, so sessionless picks total exactly as they would
+    /// without it.
+    fn weights(&self) -> Weights {
+        let mut weights = self.config.weights;
+        if self.req.session.is_none() {
+            weights.session = 0.0;
+        }
+        weights
+    }
+
+    fn totals<'w>(&self, weights: &'w Weights, scratch: &'w Scratch) -> Totals<'w> {
+        Totals {
+            weights,
+            weight_sum: weights.sum(),
+            columns: &scratch.columns,
+            count: scratch.signals.len(),
+        }
+    }
+
+    /// The decision for `candidate`, chosen by `policy`.
+    fn decision(
+        &self,
+        policy: Policy,
+        candidate: usize,
+        prediction: Option<LatencyPrediction>,
+        scratch: &Scratch,
+        top: Option<TopScores>,
+        scores: Vec<CandidateScore>,
+    ) -> Decision {
+        Decision {
+            endpoint: Arc::clone(&self.snapshot[scratch.positions[candidate]]),
+            policy,
             fallback: false,
-            top: Some(choice.top),
+            top,
             scores,
             estimated_tokens: self.req.estimated_tokens,
-            prefix_source: scratch.signals[choice.winner].prefix_source,
-        })
+            prefix_source: scratch.signals[candidate].prefix_source,
+            latency: Some((scratch.latency[candidate], prediction)),
+        }
     }
 
     /// Fill the scratch with the candidates and their signals: reachable,
@@ -250,9 +345,10 @@ impl ScoredPick<'_> {
         // between scrapes cannot overfill a replica that looked idle. A
         // queue of requests waiting for a LoRA slot says nothing about
         // capacity, so it does not saturate (KV usage still does).
+        let arrived = endpoint.inflight_since_observation(summary.generation);
         let projected_waiting = waiting
             .filter(|_| !summary.adapter_bound)
-            .map(|w| w + endpoint.inflight_since_observation(summary.generation));
+            .map(|w| w + arrived);
         if self
             .config
             .saturation
@@ -263,14 +359,25 @@ impl ScoredPick<'_> {
             census.saturated_waiting += waiting.unwrap_or(0);
             return;
         }
+        let inflight = endpoint.load.requests();
+        let unanswered = endpoint.load.unanswered();
         scratch.positions.push(position);
         scratch.indexes.push(endpoint.index);
+        // The prompt's split between prefill and cache comes with the
+        // prefix matches (`latency_features`).
+        scratch.latency.push(LatencyFeatures {
+            waiting: (waiting.unwrap_or(0) + arrived).max(unanswered) as f64,
+            running: summary.running.unwrap_or(inflight) as f64,
+            kv_usage: kv_usage.unwrap_or(0.0).clamp(0.0, 1.0),
+            new_prompt_tokens: 0.0,
+            cached_prompt_tokens: 0.0,
+        });
         scratch.signals.push(Features {
             waiting,
             kv_usage,
-            inflight_requests: endpoint.load.requests(),
+            inflight_requests: inflight,
             inflight_tokens: endpoint.load.tokens(),
-            unanswered: endpoint.load.unanswered(),
+            unanswered,
             prefix_blocks: 0,
             prefix_source: PrefixSource::Approximate,
             // Only an adapter request needs the adapter lists.
@@ -309,6 +416,9 @@ impl ScoredPick<'_> {
                     scores: Vec::new(),
                     estimated_tokens: self.req.estimated_tokens,
                     prefix_source: PrefixSource::Approximate,
+                    // Without fresh metrics there are no features to
+                    // learn from.
+                    latency: None,
                 })
                 .ok_or(PickError::NoReplicas),
             Fallback::Refuse => Err(PickError::NoHealthyReplicas {
@@ -318,10 +428,14 @@ impl ScoredPick<'_> {
     }
 
     /// Each candidate's leading prompt blocks in the prefix index, into its
-    /// signals. Skipped when nothing reads them.
+    /// signals. Skipped when nothing reads them: the prefix scorer, an
+    /// explanation, or the predicted policy's latency features.
     fn prefix_matches(&self, scratch: &mut Scratch) {
         let req = self.req;
-        if !req.prefix_hashes.is_empty() && (self.config.weights.prefix > 0.0 || req.explain) {
+        let read = self.config.weights.prefix > 0.0
+            || req.explain
+            || self.config.policy == Policy::Predicted;
+        if !req.prefix_hashes.is_empty() && read {
             scratch.matched.resize(scratch.signals.len(), 0);
             self.prefix.match_lengths_with(
                 req.prefix_hashes,
@@ -350,6 +464,22 @@ impl ScoredPick<'_> {
                 signals.prefix_blocks = (share.clamp(0.0, 1.0) * prompt_blocks).round() as usize;
                 signals.prefix_source = PrefixSource::Events;
             }
+        }
+    }
+
+    /// Each candidate's share of the prompt it is believed to hold (its
+    /// prefix matches), as cached and new prompt tokens in its latency
+    /// features.
+    fn latency_features(&self, scratch: &mut Scratch) {
+        let prompt = self.req.prompt_tokens as f64;
+        let blocks = self.req.prefix_hashes.len();
+        for (latency, signals) in scratch.latency.iter_mut().zip(&scratch.signals) {
+            let held = match blocks {
+                0 => 0.0,
+                blocks => (signals.prefix_blocks as f64 / blocks as f64).min(1.0),
+            };
+            latency.cached_prompt_tokens = (prompt * held).round();
+            latency.new_prompt_tokens = prompt - latency.cached_prompt_tokens;
         }
     }
 
