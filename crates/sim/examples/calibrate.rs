@@ -284,6 +284,57 @@ fn worked_example() {
     println!();
 }
 
+/// The CPU profiles against the llama-bench runs they were calibrated on
+/// (LLaMA-3.1-8B BF16 on a Threadripper PRO 5975WX,
+/// github.com/ikawrakow/ik_llama.cpp/pull/175), and what a decode batch
+/// costs on them against a GPU.
+fn cpu_threads() {
+    println!("### llama.cpp on CPU threads\n");
+    println!(
+        "Published: llama-bench, LLaMA-3.1-8B BF16, Threadripper PRO 5975WX, ggml's BF16 path \
+         (tg128 at 1 and 2 threads; pp512 at 32 threads).\n"
+    );
+    println!("| profile | test | model (tokens/s) | published (tokens/s) | ratio |");
+    println!("|---|---|---|---|---|");
+    for (hw, published) in [("cpu-1t", 1.37), ("cpu-2t", 2.53)] {
+        let roofline = Roofline::new(&config(hw, "llama-3.1-8b", 1));
+        // tg128: 128 tokens after an empty prompt, context 0..127.
+        let seconds: f64 = (0..128).map(|c| roofline.decode_seconds(1, c)).sum();
+        let rate = 128.0 / seconds;
+        println!(
+            "| {hw} | tg128 | {rate:.2} | {published:.2} | {} |",
+            ratio(rate, published)
+        );
+    }
+    // pp512 on 32 threads: one thread's FLOP/s, 32 times (no 32-thread
+    // profile; the check is that a thread computes as fast in a prompt as
+    // in a decode).
+    let one = config("cpu-1t", "llama-3.1-8b", 1);
+    let mut prompt = one.clone();
+    prompt.step_overhead_seconds = 0.0;
+    let pp = 512.0 / (Roofline::new(&prompt).prefill_seconds(0, 512) / 32.0);
+    println!(
+        "| 32 x cpu-1t | pp512 | {pp:.1} | 47.17 | {} |\n",
+        ratio(pp, 47.17)
+    );
+    println!("Decode step of a batch against one sequence (Qwen2.5-0.5B, context 500):\n");
+    println!("| profile | b=1 (ms) | b=2 | b=4 | b=8 |");
+    println!("|---|---|---|---|---|");
+    for hw in ["cpu-1t", "cpu-2t", "h100"] {
+        let roofline = Roofline::new(&config(hw, "qwen2.5-0.5b", 1));
+        let one = roofline.decode_seconds(1, 500);
+        let times = |b: u32| format!("{:.2}x", roofline.decode_seconds(b, 500) / one);
+        println!(
+            "| {hw} | {:.2} | {} | {} | {} |",
+            ms(one),
+            times(2),
+            times(4),
+            times(8)
+        );
+    }
+    println!();
+}
+
 fn main() {
     worked_example();
     single_prompt_ttft();
@@ -291,4 +342,5 @@ fn main() {
     a100_40gb_sweep();
     nim_70b_sweep();
     offline_bursts();
+    cpu_threads();
 }

@@ -18,11 +18,13 @@ pub struct SimArgs {
     /// Number of replicas.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
-    /// GPU profile of each replica, cycled over the replicas
-    /// (h100, a100, l4, a10g), e.g. `h100,h100,a10g,a10g`.
+    /// Hardware profile of each replica, cycled over the replicas
+    /// (h100, a100, a100-40gb, l4, a10g; llama.cpp on CPU threads: cpu-1t,
+    /// cpu-2t), e.g. `h100,h100,a10g,a10g`.
     #[arg(long, value_delimiter = ',', default_value = "h100")]
     pub hardware: Vec<String>,
-    /// Model profile (llama-3.1-8b, qwen3-32b, llama-3.1-70b) or its HF id.
+    /// Model profile (llama-3.1-8b, qwen3-32b, llama-3.1-70b, qwen2.5-0.5b)
+    /// or its HF id.
     #[arg(long, default_value = "llama-3.1-8b")]
     pub model: String,
     /// Name clients send as `model` (default: the model's HF id).

@@ -183,7 +183,7 @@ impl EngineConfig {
             name: model.to_owned(),
         })?;
         let tp = tensor_parallel.unwrap_or(m.default_tp);
-        check_tensor_parallel(m, tp)?;
+        check_tensor_parallel(hw, m, tp)?;
         let max_num_batched_tokens = hw.default_max_num_batched_tokens;
         let mut cfg = EngineConfig {
             hardware: hw,
@@ -261,7 +261,7 @@ impl EngineConfig {
 
     /// Check every field, as vLLM does at start-up.
     pub fn validate(&self) -> Result<(), ProfileError> {
-        check_tensor_parallel(self.model, self.tensor_parallel)?;
+        check_tensor_parallel(self.hardware, self.model, self.tensor_parallel)?;
         let invalid = |field, reason: &str| {
             Err(ProfileError::InvalidSetting {
                 field,
@@ -324,9 +324,7 @@ impl EngineConfig {
         let plan = self.memory_plan();
         let smallest_fitting_tp = [1, 2, 4, 8]
             .into_iter()
-            .filter(|tp| {
-                *tp <= MAX_TENSOR_PARALLEL && check_tensor_parallel(self.model, *tp).is_ok()
-            })
+            .filter(|tp| check_tensor_parallel(self.hardware, self.model, *tp).is_ok())
             .find(|tp| {
                 let candidate = EngineConfig {
                     tensor_parallel: *tp,
@@ -351,12 +349,18 @@ impl EngineConfig {
     }
 }
 
-/// Attention heads must split evenly across the group, and one node holds at
-/// most eight GPUs.
-fn check_tensor_parallel(model: &'static ModelProfile, tp: u32) -> Result<(), ProfileError> {
+/// Attention heads must split evenly across the group, one node holds at
+/// most eight GPUs, and a CPU runs alone.
+fn check_tensor_parallel(
+    hardware: &'static HardwareProfile,
+    model: &'static ModelProfile,
+    tp: u32,
+) -> Result<(), ProfileError> {
     let reason = if tp == 0 {
         Some("must be at least 1".to_owned())
-    } else if tp > MAX_TENSOR_PARALLEL {
+    } else if hardware.max_tensor_parallel <= 1 && tp > 1 {
+        Some(format!("{} runs on one processor", hardware.name))
+    } else if tp > MAX_TENSOR_PARALLEL.min(hardware.max_tensor_parallel) {
         Some(format!(
             "at most {MAX_TENSOR_PARALLEL} GPUs (one node) are modelled"
         ))
@@ -462,6 +466,26 @@ mod tests {
             EngineConfig::new("h100", "llama-3.1-8b", Some(16)),
             Err(ProfileError::InvalidTensorParallel { .. })
         ));
+    }
+
+    #[test]
+    fn a_cpu_replica_runs_a_small_model_alone() {
+        let cpu = EngineConfig::new("cpu-2t", "qwen2.5-0.5b", None).unwrap();
+        cpu.validate().unwrap();
+        assert_eq!(cpu.tensor_parallel, 1);
+        assert_eq!(cpu.max_num_seqs, 4, "llama-server slots");
+        assert_eq!(cpu.max_model_len, 32_768);
+        let err = EngineConfig::new("cpu-1t", "qwen2.5-0.5b", Some(2)).unwrap_err();
+        assert!(
+            err.to_string().contains("cpu-1t runs on one processor"),
+            "{err}"
+        );
+        // Too big for the replica's RAM: no tensor-parallel group helps.
+        let err = EngineConfig::new("cpu-1t", "llama-3.1-70b", Some(1)).unwrap_err();
+        assert!(
+            err.to_string().contains("no tensor_parallel up to 8 fits"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! (section "Numbers and sources"); most come from
 //! `reference/gpu-calibration.md`. Tensor-core figures are dense BF16 (never
 //! the 2:4-sparsity headline), memory sizes are datasheet sizes in 10^9 bytes.
+//!
+//! Besides the GPUs there are two CPU profiles, llama.cpp on one or two
+//! threads of a server CPU: there a decode step is bound by the arithmetic,
+//! not by the weights' bytes, so a batch of four costs nearly four times one
+//! (the GPUs' batches are nearly free until they hold hundreds).
 
 /// How the GPUs of one tensor-parallel group talk to each other.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,6 +50,9 @@ pub struct HardwareProfile {
     /// vLLM's OpenAI-server default `max_num_batched_tokens` on this GPU
     /// (chunked prefill on).
     pub default_max_num_batched_tokens: u32,
+    /// Largest tensor-parallel group of this device: eight GPUs of a node,
+    /// one for a CPU.
+    pub max_tensor_parallel: u32,
     /// Other spellings accepted by [`hardware`], compared after
     /// [`normalize_hardware`].
     pub aliases: &'static [&'static str],
@@ -69,6 +77,9 @@ pub struct ModelProfile {
     /// Dense MLP intermediate size.
     pub ffn: u32,
     pub vocab: u32,
+    /// The LM head is the input embedding table (`tie_word_embeddings`):
+    /// `params` counts it once, and every step reads it for the head.
+    pub tied_embeddings: bool,
     /// Longest context the model accepts (`max_position_embeddings`).
     pub max_context: u32,
     /// Tensor-parallel size used when the caller does not choose one.
@@ -88,16 +99,21 @@ impl ModelProfile {
     }
 
     /// Parameters of the input embedding table. A lookup reads only the rows
-    /// it needs, so these count towards memory but not towards per-step
-    /// FLOPs or weight reads. (All profiles have an untied LM head.)
+    /// it needs, so an untied table counts towards memory but not towards
+    /// per-step FLOPs or weight reads.
     pub fn embedding_params(&self) -> f64 {
         f64::from(self.vocab) * f64::from(self.hidden)
     }
 
     /// Parameters read and multiplied on every forward pass: everything but
-    /// the input embedding table.
+    /// an untied input embedding table (a tied one is the LM head, read on
+    /// every step).
     pub fn matmul_params(&self) -> f64 {
-        self.params - self.embedding_params()
+        if self.tied_embeddings {
+            self.params
+        } else {
+            self.params - self.embedding_params()
+        }
     }
 
     /// Parameters of the LM head, applied only to positions that sample.
@@ -155,6 +171,34 @@ const PCIE4: Interconnect = Interconnect {
     allreduce_latency_seconds: 30e-6,
 };
 
+/// A CPU has no GPU-to-GPU link; tensor parallelism is refused on it
+/// (`max_tensor_parallel` 1), so these figures are never used.
+const NO_LINK: Interconnect = Interconnect {
+    name: "none (one CPU)",
+    bandwidth_bytes: f64::INFINITY,
+    allreduce_latency_seconds: 0.0,
+};
+
+/// Tensor-parallel groups of GPUs stay within one node of eight.
+const GPUS_PER_NODE: u32 = 8;
+
+/// One Zen 3 core's FP32 arithmetic: two 256-bit FMA pipes, 8 lanes each,
+/// 2 FLOPs per FMA, at the Threadripper PRO 5975WX's 4.5 GHz boost clock.
+/// Zen 3 has no BF16 arithmetic: ggml widens BF16 weights to FP32.
+const ZEN3_THREAD_FLOPS: f64 = 2.0 * 8.0 * 2.0 * 4.5e9;
+/// Threadripper PRO 5975WX: eight channels of DDR4-3200, 8 bytes a
+/// transfer.
+const TR_PRO_5975WX_BANDWIDTH: f64 = 8.0 * 3.2e9 * 8.0;
+/// RAM given to one llama.cpp replica (an assumption: enough for the small
+/// models a CPU serves, with room for their KV cache).
+const CPU_REPLICA_MEMORY: f64 = 64e9;
+/// llama-server slots (`-np`), as `scripts/e2e-llamacpp` runs its fast
+/// replicas.
+const LLAMA_CPP_SLOTS: u32 = 4;
+/// llama.cpp's default logical batch (`-b`, `n_batch`): the most tokens one
+/// server iteration decodes together.
+const LLAMA_CPP_BATCH: u32 = 2048;
+
 /// vLLM's server defaults on GPUs with at least 70 GiB that are not A100.
 const LARGE_GPU_MAX_NUM_SEQS: u32 = 1024;
 const LARGE_GPU_MAX_NUM_BATCHED_TOKENS: u32 = 8192;
@@ -162,7 +206,7 @@ const LARGE_GPU_MAX_NUM_BATCHED_TOKENS: u32 = 8192;
 const OTHER_GPU_MAX_NUM_SEQS: u32 = 256;
 const OTHER_GPU_MAX_NUM_BATCHED_TOKENS: u32 = 2048;
 
-static HARDWARE: [HardwareProfile; 5] = [
+static HARDWARE: [HardwareProfile; 7] = [
     HardwareProfile {
         name: "h100",
         display_name: "NVIDIA H100 SXM 80GB",
@@ -174,6 +218,7 @@ static HARDWARE: [HardwareProfile; 5] = [
         interconnect: NVLINK4,
         default_max_num_seqs: LARGE_GPU_MAX_NUM_SEQS,
         default_max_num_batched_tokens: LARGE_GPU_MAX_NUM_BATCHED_TOKENS,
+        max_tensor_parallel: GPUS_PER_NODE,
         aliases: &[
             "h10080gb",
             "h100sxm",
@@ -193,6 +238,7 @@ static HARDWARE: [HardwareProfile; 5] = [
         interconnect: NVLINK3,
         default_max_num_seqs: OTHER_GPU_MAX_NUM_SEQS,
         default_max_num_batched_tokens: OTHER_GPU_MAX_NUM_BATCHED_TOKENS,
+        max_tensor_parallel: GPUS_PER_NODE,
         aliases: &[
             "a10080gb",
             "a100sxm",
@@ -212,6 +258,7 @@ static HARDWARE: [HardwareProfile; 5] = [
         interconnect: NVLINK3,
         default_max_num_seqs: OTHER_GPU_MAX_NUM_SEQS,
         default_max_num_batched_tokens: OTHER_GPU_MAX_NUM_BATCHED_TOKENS,
+        max_tensor_parallel: GPUS_PER_NODE,
         aliases: &["a100sxm40gb", "a100sxm440gb"],
     },
     HardwareProfile {
@@ -225,6 +272,7 @@ static HARDWARE: [HardwareProfile; 5] = [
         interconnect: PCIE4,
         default_max_num_seqs: OTHER_GPU_MAX_NUM_SEQS,
         default_max_num_batched_tokens: OTHER_GPU_MAX_NUM_BATCHED_TOKENS,
+        max_tensor_parallel: GPUS_PER_NODE,
         aliases: &["l424gb"],
     },
     HardwareProfile {
@@ -238,11 +286,47 @@ static HARDWARE: [HardwareProfile; 5] = [
         interconnect: PCIE4,
         default_max_num_seqs: OTHER_GPU_MAX_NUM_SEQS,
         default_max_num_batched_tokens: OTHER_GPU_MAX_NUM_BATCHED_TOKENS,
+        max_tensor_parallel: GPUS_PER_NODE,
         aliases: &["a10g24gb"],
+    },
+    // The CPU profiles are calibrated on one published measurement:
+    // LLaMA-3.1-8B in BF16 on a Threadripper PRO 5975WX, llama-bench tg128
+    // at 1 and 2 threads with ggml's BF16 path (1.37 and 2.53 tokens/s), and
+    // with faster kernels (2.06 and 3.21 tokens/s), from
+    // github.com/ikawrakow/ik_llama.cpp/pull/175. The first give the FLOP/s
+    // a thread achieves (compute_efficiency), the second a lower bound on
+    // the bytes/s it can read (bandwidth_efficiency). See docs/simulator.md.
+    HardwareProfile {
+        name: "cpu-1t",
+        display_name: "AMD Threadripper PRO 5975WX, llama.cpp on 1 thread",
+        peak_bf16_flops: ZEN3_THREAD_FLOPS,
+        mem_bandwidth_bytes: TR_PRO_5975WX_BANDWIDTH,
+        mem_bytes: CPU_REPLICA_MEMORY,
+        compute_efficiency: 0.143,
+        bandwidth_efficiency: 0.151,
+        interconnect: NO_LINK,
+        default_max_num_seqs: LLAMA_CPP_SLOTS,
+        default_max_num_batched_tokens: LLAMA_CPP_BATCH,
+        max_tensor_parallel: 1,
+        aliases: &["5975wx1t", "threadripperpro5975wx1t"],
+    },
+    HardwareProfile {
+        name: "cpu-2t",
+        display_name: "AMD Threadripper PRO 5975WX, llama.cpp on 2 threads",
+        peak_bf16_flops: 2.0 * ZEN3_THREAD_FLOPS,
+        mem_bandwidth_bytes: TR_PRO_5975WX_BANDWIDTH,
+        mem_bytes: CPU_REPLICA_MEMORY,
+        compute_efficiency: 0.132,
+        bandwidth_efficiency: 0.235,
+        interconnect: NO_LINK,
+        default_max_num_seqs: LLAMA_CPP_SLOTS,
+        default_max_num_batched_tokens: LLAMA_CPP_BATCH,
+        max_tensor_parallel: 1,
+        aliases: &["5975wx2t", "threadripperpro5975wx2t"],
     },
 ];
 
-static MODELS: [ModelProfile; 3] = [
+static MODELS: [ModelProfile; 4] = [
     ModelProfile {
         name: "llama-3.1-8b",
         hf_id: "meta-llama/Llama-3.1-8B-Instruct",
@@ -254,6 +338,7 @@ static MODELS: [ModelProfile; 3] = [
         head_dim: 128,
         ffn: 14336,
         vocab: 128_256,
+        tied_embeddings: false,
         max_context: 131_072,
         default_tp: 1,
         aliases: &["llama3.18b", "llama318b"],
@@ -269,6 +354,7 @@ static MODELS: [ModelProfile; 3] = [
         head_dim: 128,
         ffn: 25600,
         vocab: 151_936,
+        tied_embeddings: false,
         max_context: 40_960,
         default_tp: 2,
         aliases: &["qwen332b"],
@@ -284,14 +370,39 @@ static MODELS: [ModelProfile; 3] = [
         head_dim: 128,
         ffn: 28672,
         vocab: 128_256,
+        tied_embeddings: false,
         max_context: 131_072,
         default_tp: 4,
         aliases: &["llama3.170b", "llama3170b"],
     },
+    ModelProfile {
+        name: "qwen2.5-0.5b",
+        hf_id: "Qwen/Qwen2.5-0.5B-Instruct",
+        params: 0.494e9,
+        layers: 24,
+        hidden: 896,
+        q_heads: 14,
+        kv_heads: 2,
+        head_dim: 64,
+        ffn: 4864,
+        vocab: 151_936,
+        tied_embeddings: true,
+        max_context: 32_768,
+        default_tp: 1,
+        aliases: &[],
+    },
 ];
 
-const HARDWARE_NAMES: [&str; 5] = ["h100", "a100", "a100-40gb", "l4", "a10g"];
-const MODEL_NAMES: [&str; 3] = ["llama-3.1-8b", "qwen3-32b", "llama-3.1-70b"];
+const HARDWARE_NAMES: [&str; 7] = [
+    "h100",
+    "a100",
+    "a100-40gb",
+    "l4",
+    "a10g",
+    "cpu-1t",
+    "cpu-2t",
+];
+const MODEL_NAMES: [&str; 4] = ["llama-3.1-8b", "qwen3-32b", "llama-3.1-70b", "qwen2.5-0.5b"];
 
 /// Canonical names of the hardware profiles.
 pub fn hardware_names() -> &'static [&'static str] {
@@ -415,5 +526,46 @@ mod tests {
         assert_eq!(qwen.kv_bytes_per_token(), 262_144.0);
         let qwen_non_embedding = qwen.params - qwen.embedding_params() - qwen.lm_head_params();
         assert!((qwen_non_embedding / 1e9 - 31.2).abs() < 0.05);
+    }
+
+    #[test]
+    fn a_tied_head_is_counted_once_and_read_every_step() {
+        let small = model("Qwen/Qwen2.5-0.5B-Instruct").unwrap();
+        assert_eq!(small.name, "qwen2.5-0.5b");
+        // The model card: 0.49 B parameters, 0.36 B of them non-embedding.
+        let non_embedding = small.params - small.embedding_params();
+        assert!(
+            (non_embedding / 1e9 - 0.358).abs() < 0.002,
+            "{non_embedding}"
+        );
+        // Every step multiplies by all of it: the shared table is the head.
+        assert_eq!(small.matmul_params(), small.params);
+        assert_eq!(small.kv_bytes_per_token(), 12_288.0);
+        // An untied model reads its head but not its input table.
+        let llama8 = model("llama-3.1-8b").unwrap();
+        assert_eq!(
+            llama8.matmul_params(),
+            llama8.params - llama8.embedding_params()
+        );
+    }
+
+    #[test]
+    fn cpu_profiles_reproduce_the_measured_threads() {
+        // LLaMA-3.1-8B BF16 decode on a Threadripper PRO 5975WX: ggml
+        // reached 1.37 tokens/s on one thread and 2.53 on two, 15.04 GFLOP a
+        // token; faster kernels read at least 2.06 and 3.21 tokens' weights
+        // (15.01 GB each) a second.
+        for (name, measured, read) in [("cpu-1t", 1.37, 2.06), ("cpu-2t", 2.53, 3.21)] {
+            let cpu = hardware(name).unwrap();
+            let flops = cpu.peak_bf16_flops * cpu.compute_efficiency;
+            assert!((flops / (measured * 15.04e9) - 1.0).abs() < 0.01, "{name}");
+            let bytes = cpu.mem_bandwidth_bytes * cpu.bandwidth_efficiency;
+            assert!((bytes / (read * 15.01e9) - 1.0).abs() < 0.01, "{name}");
+            // Fewer FLOP/s than bytes/s: a BF16 matrix-vector product (one
+            // multiply-add per two-byte weight) is bound by the arithmetic.
+            assert!(flops < bytes, "{name}");
+            assert_eq!(cpu.max_tensor_parallel, 1);
+        }
+        assert_eq!(hardware("5975WX-2T").unwrap().name, "cpu-2t");
     }
 }

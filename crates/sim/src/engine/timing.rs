@@ -12,8 +12,12 @@
 //! step     = max(compute, memory) + all-reduce time + step overhead
 //! ```
 //!
-//! Prefill chunks of hundreds of tokens land on the compute side, decode
-//! batches on the memory side (weights plus the KV cache they read).
+//! On a GPU, prefill chunks of hundreds of tokens land on the compute side,
+//! decode batches on the memory side (weights plus the KV cache they read),
+//! so a decode batch costs little more than one sequence until it holds
+//! hundreds. On the CPU profiles a thread's arithmetic is slower than its
+//! memory, so even a decode of one sequence is compute-bound and a batch of
+//! `b` costs nearly `b` times one.
 
 use super::config::EngineConfig;
 
@@ -232,6 +236,51 @@ mod tests {
         assert!((t.communication - 160.0 * 10e-6).abs() < 1e-4, "{t:?}");
         let tp1 = roofline("h100", "llama-3.1-8b", 1);
         assert_eq!(tp1.breakdown(&load).communication, 0.0);
+    }
+
+    /// A replica's roofline as the engine runs it (with the step overhead).
+    fn engine_roofline(hw: &str, model: &str) -> Roofline {
+        Roofline::new(&EngineConfig::new(hw, model, None).unwrap())
+    }
+
+    #[test]
+    fn a_cpu_pays_for_every_sequence_in_a_batch_and_a_gpu_does_not() {
+        for hw in ["cpu-1t", "cpu-2t"] {
+            let cpu = engine_roofline(hw, "qwen2.5-0.5b");
+            let one = cpu.decode_seconds(1, 500);
+            let mut load = StepLoad::default();
+            load.add_chunk(500, 1, true, false);
+            assert!(cpu.breakdown(&load).compute_bound(), "{hw}");
+            for batch in 2..=8 {
+                let ratio = cpu.decode_seconds(batch, 500) / one;
+                let b = f64::from(batch);
+                assert!(
+                    ratio > 0.93 * b && ratio <= b,
+                    "{hw}: batch {batch} costs {ratio:.2} times one"
+                );
+            }
+        }
+        for model in ["qwen2.5-0.5b", "llama-3.1-8b"] {
+            let h100 = engine_roofline("h100", model);
+            let ratio = h100.decode_seconds(4, 500) / h100.decode_seconds(1, 500);
+            assert!(ratio < 1.02, "{model} on an H100: {ratio:.3}");
+            let ratio = h100.decode_seconds(64, 500) / h100.decode_seconds(1, 500);
+            assert!(ratio < 1.5, "{model} on an H100: {ratio:.3}");
+        }
+    }
+
+    #[test]
+    fn a_small_model_answers_in_seconds_on_a_cpu() {
+        // A 200-token prompt and a 100-token answer, alone on the replica.
+        let alone = |r: &Roofline| {
+            r.prefill_seconds(0, 200) + (1..100).map(|i| r.decode_seconds(1, 200 + i)).sum::<f64>()
+        };
+        let slow = alone(&engine_roofline("cpu-1t", "qwen2.5-0.5b"));
+        let fast = alone(&engine_roofline("cpu-2t", "qwen2.5-0.5b"));
+        assert!((5.0..20.0).contains(&slow), "{slow} s on one thread");
+        assert!((2.5..10.0).contains(&fast), "{fast} s on two threads");
+        // Two threads are nearly twice as fast (1.85x in the measurement).
+        assert!((1.7..2.0).contains(&(slow / fast)), "{}", slow / fast);
     }
 
     #[test]
