@@ -25,8 +25,11 @@ pub struct BenchArgs {
     /// fleet-scale (virtual mode only), flow-control (live mode only:
     /// bursts of critical, standard and sheddable requests, flow control on,
     /// flat, off and with engine priority, per band), prefix-pressure, heterogeneous, multi-turn,
-    /// bursty-uneven; all (the first six that the mode can run) or peers
-    /// (the last four, written for comparing routers); global-failover
+    /// bursty-uneven, batch-cost (CPU replicas of two speeds, where a batch
+    /// costs nearly its size in single steps, beside the best static
+    /// allocation computed from the engine profiles); all (the first six
+    /// that the mode can run) or peers (prefix-pressure to bursty-uneven,
+    /// written for comparing routers); global-failover
     /// (live mode only, run by name: three member gateways behind a global
     /// router, one killed and restarted under streaming load; share over
     /// time, TTFT around the failure, failover and recovery times).
@@ -54,7 +57,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,
     /// Policies to compare: round-robin, least-request, random, scored,
-    /// or a weight preset (latency, throughput, or scored:PRESET);
+    /// predicted (the scored candidates ranked by each replica's learned
+    /// latency), or a weight preset (latency, throughput, or scored:PRESET);
     /// scored-events (virtual mode only) is scored with each replica's
     /// prefix cache as lossless KV events would report it.
     /// Round-robin is always included as the baseline.
@@ -81,12 +85,12 @@ pub struct BenchArgs {
     /// Replicas in the fleet (GPU types keep alternating as in the scenario).
     #[arg(long)]
     pub replicas: Option<usize>,
-    /// GPU profiles of the replicas, cycled (h100, a100, a100-40gb, l4,
-    /// a10g), instead of the scenario's.
+    /// Hardware profiles of the replicas, cycled (h100, a100, a100-40gb,
+    /// l4, a10g; cpu-1t, cpu-2t), instead of the scenario's.
     #[arg(long, value_delimiter = ',')]
     pub hardware: Option<Vec<String>>,
     /// Simulated seconds a client waits for a complete answer (default 60,
-    /// 20 with --quick).
+    /// 20 with --quick, 600 in batch-cost).
     #[arg(long)]
     pub client_timeout: Option<f64>,
     /// A JSON object merged into the scored policies' `scheduling` config,
@@ -133,7 +137,7 @@ impl BenchArgs {
             if !(timeout.is_finite() && timeout > 0.0) {
                 bail!("--client-timeout must be a positive number of seconds");
             }
-            options.client_timeout = timeout;
+            options.client_timeout = Some(timeout);
         }
         if let Some(scale) = self.time_scale
             && !(scale.is_finite() && scale > 0.0)

@@ -6,6 +6,8 @@
 //!   shared-prefix, lora, uniform, fleet-scale).
 //! - [`workload`]: seeded arrivals and request contents.
 //! - [`capacity`]: what 100 % load means for a fleet.
+//! - [`allocation`]: the best static split of the traffic, from the engine
+//!   profiles.
 //! - [`policy`]: the policies compared and the gateway config of each.
 //! - [`flow`]: the gateway's admission queue in a run, on or off.
 //! - [`virtual_fleet`]: the fleet in virtual time (engine model + picker).
@@ -20,6 +22,7 @@
 //! - [`cli`]: the command line.
 
 pub mod agreement;
+pub mod allocation;
 pub mod capacity;
 pub mod cli;
 pub mod comparison;

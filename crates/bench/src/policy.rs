@@ -15,7 +15,9 @@ use serde_json::json;
 use crate::flow::{FlowLimits, FlowMode};
 
 /// A policy as named on the command line: `round-robin`, `least-request`,
-/// `random`, `scored` (default weights), or a weight preset such as
+/// `random`, `scored` (default weights), `predicted` (the scored
+/// candidates ranked by each replica's learned latency), or a weight
+/// preset such as
 /// `latency` (also spelt `scored:latency`), any of them with `+sessions`
 /// for session affinity (the gateway keys sessions by the body's `user`,
 /// which the clients set to their session, and keeps a session on its
@@ -97,9 +99,10 @@ impl PolicyUnderTest {
         self.policy == Self::ROUND_ROBIN
     }
 
-    /// Whether the policy reads scraped replica signals.
+    /// Whether the policy reads scraped replica signals: the scored policy,
+    /// and the predicted one, which ranks the scored candidates.
     pub fn uses_signals(&self) -> bool {
-        self.policy == "scored"
+        matches!(self.policy, "scored" | "predicted")
     }
 
     /// Whether prefix affinity comes from the engines' KV events (in
@@ -108,6 +111,15 @@ impl PolicyUnderTest {
         self.events
     }
 }
+
+/// The gateway's policies by config name.
+const POLICIES: [&str; 5] = [
+    "round-robin",
+    "least-request",
+    "random",
+    "scored",
+    "predicted",
+];
 
 impl std::str::FromStr for PolicyUnderTest {
     type Err = anyhow::Error;
@@ -132,11 +144,11 @@ impl std::str::FromStr for PolicyUnderTest {
             Some(("scored", preset)) => ("scored", Some(preset)),
             Some(_) => bail!("only the scored policy takes a preset: {name:?}"),
             None => match name {
-                "round-robin" | "least-request" | "random" | "scored" => (name, None),
+                "round-robin" | "least-request" | "random" | "scored" | "predicted" => (name, None),
                 preset => ("scored", Some(preset)),
             },
         };
-        let policy = ["round-robin", "least-request", "random", "scored"]
+        let policy = POLICIES
             .into_iter()
             .find(|p| *p == policy)
             .expect("names above are known");
@@ -144,7 +156,8 @@ impl std::str::FromStr for PolicyUnderTest {
             None | Some("default") => None,
             Some(preset) if picker::Weights::preset(preset).is_some() => Some(preset.to_owned()),
             Some(other) => bail!(
-                "unknown policy or preset {other:?} (policies: round-robin, least-request, random, scored; presets: {})",
+                "unknown policy or preset {other:?} (policies: {}; presets: {})",
+                POLICIES.join(", "),
                 picker::Weights::PRESETS.join(", ")
             ),
         };
@@ -352,7 +365,7 @@ mod tests {
 
     #[test]
     fn names_parse_and_print() {
-        for name in ["round-robin", "least-request", "random", "scored"] {
+        for name in POLICIES {
             assert_eq!(name.parse::<PolicyUnderTest>().unwrap().to_string(), name);
         }
         let latency: PolicyUnderTest = "latency".parse().unwrap();
@@ -370,6 +383,16 @@ mod tests {
         );
         assert!("fastest".parse::<PolicyUnderTest>().is_err());
         assert!("round-robin:latency".parse::<PolicyUnderTest>().is_err());
+    }
+
+    #[test]
+    fn predicted_reads_signals_and_reaches_the_picker() {
+        let predicted: PolicyUnderTest = "predicted".parse().unwrap();
+        assert!(predicted.uses_signals());
+        let endpoints = vec!["127.0.0.1:1".to_owned()];
+        let (config, _) = virtual_gateway(&predicted, &pool(&endpoints, 1.0)).unwrap();
+        assert_eq!(config.policy, picker::Policy::Predicted);
+        assert!("predicted:latency".parse::<PolicyUnderTest>().is_err());
     }
 
     #[test]

@@ -10,10 +10,12 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::allocation::StaticAllocation;
 use crate::stats::{BandSummary, Outcome, Status, Summary, change_percent};
 
 /// Everything one scenario run produced. Serializes to the `NAME.json`
-/// schema: `scenario`, `mode`, `seed`, `fleet`, `results`.
+/// schema: `scenario`, `mode`, `seed`, `fleet`, `results`, and in scenarios
+/// that compute it, `static_allocation`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScenarioReport {
     pub scenario: String,
@@ -21,6 +23,10 @@ pub struct ScenarioReport {
     pub seed: u64,
     pub fleet: FleetReport,
     pub results: Vec<Summary>,
+    /// The best static allocation of each load, computed from the engine
+    /// profiles ([`crate::allocation`]), when the scenario asks for it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub static_allocation: Vec<StaticAllocation>,
     /// How the runs were set up, for the markdown.
     #[serde(skip)]
     pub setup: Setup,
@@ -414,11 +420,91 @@ impl ScenarioReport {
             );
         }
         self.errors_note(&mut out);
+        self.allocation_tables(&mut out);
         if self.setup.routers {
             out.push('\n');
             out.push_str(&crate::comparison::markdown(&self.results));
         }
         out
+    }
+
+    /// The best static allocation of each load, then each run's mean e2e
+    /// beside its percentiles and the allocation's mean.
+    fn allocation_tables(&self, out: &mut String) {
+        let Some(first) = self.static_allocation.first() else {
+            return;
+        };
+        let _ = writeln!(
+            out,
+            "\n**Best static allocation**, computed from the engine profiles, not measured: each replica a queue whose completion rate depends on how many requests it holds (the simulator's step times at the mean request, {:.0} prompt and {:.0} output tokens), the split of the arrivals that minimises the mean end-to-end time. A policy that sees the replicas' state can do better than any static split.\n",
+            first.request.prompt_tokens, first.request.output_tokens
+        );
+        out.push_str(
+            "| load | offered | best split | mean e2e, best split | mean e2e, even split |\n",
+        );
+        out.push_str("|---|---:|---|---:|---:|\n");
+        for a in &self.static_allocation {
+            let split = if a.replicas.is_empty() {
+                "none keeps up".to_owned()
+            } else {
+                a.replicas
+                    .iter()
+                    .map(|r| format!("{} {}", r.hardware, percent(r.share)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let even = match a.even_split_mean_e2e_ms {
+                Some(mean) => ms(Some(mean)),
+                None => "a replica falls behind".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {:.3} req/s | {split} | {} | {even} |",
+                percent(a.load),
+                a.requests_per_s,
+                ms(a.mean_e2e_ms),
+            );
+        }
+        out.push_str("\n| load | policy | e2e mean | e2e p50 | e2e p95 | TTFT p95 | errors | mean ÷ best static |\n");
+        out.push_str("|---|---|---:|---:|---:|---:|---:|---:|\n");
+        let mut thin = false;
+        for (i, r) in self.results.iter().enumerate() {
+            let best = self
+                .static_allocation
+                .iter()
+                .find(|a| a.load == r.load)
+                .and_then(|a| a.mean_e2e_ms);
+            let ratio = match (r.e2e_mean_ms, best) {
+                (Some(mean), Some(best)) if best > 0.0 => format!("{:.2}", mean / best),
+                _ => "—".to_owned(),
+            };
+            let d = self.detail(i);
+            let p50 = ms_cell(r.e2e_p50_ms, d.e2e_samples, 50.0);
+            let p95 = ms_cell(r.e2e_p95_ms, d.e2e_samples, 95.0);
+            let ttft = ms_cell(r.ttft_p95_ms, d.ttft_samples, 95.0);
+            thin |= [&p50, &p95, &ttft].iter().any(|c| c.ends_with(THIN));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {p50} | {p95} | {ttft} | {} | {ratio} |",
+                percent(r.load),
+                r.policy,
+                ms(r.e2e_mean_ms),
+                r.errors,
+            );
+        }
+        if thin {
+            let _ = writeln!(
+                out,
+                "\n{THIN} Too few samples for this percentile to mean much (see above)."
+            );
+        }
+        if self.results.iter().any(|r| r.errors > 0) {
+            let _ = writeln!(
+                out,
+                "\nTimed-out requests count at the client timeout ({} s) in the mean, which understates it.",
+                self.setup.client_timeout
+            );
+        }
     }
 
     /// Why the runs' errors failed, when there were any.
@@ -1046,7 +1132,57 @@ pub fn spread_markdown(reports: &[ScenarioReport]) -> String {
             vs(|s| s.ttft_p99_ms),
         );
     }
+    if !first.static_allocation.is_empty() {
+        allocation_spread(reports, &mut out);
+    }
     out
+}
+
+/// The spread of each run's mean e2e, its p95 and its ratio to the best
+/// static allocation of the same seed and load.
+fn allocation_spread(reports: &[ScenarioReport], out: &mut String) {
+    out.push_str(
+        "\n| load | best static mean e2e | policy | e2e mean | e2e p95 | mean ÷ best static |\n",
+    );
+    out.push_str("|---|---:|---|---:|---:|---:|\n");
+    let best = |r: &ScenarioReport, load: f64| {
+        r.static_allocation
+            .iter()
+            .find(|a| a.load == load)
+            .and_then(|a| a.mean_e2e_ms)
+    };
+    for row in &reports[0].results {
+        let mut means = Vec::new();
+        let mut p95s = Vec::new();
+        let mut bests = Vec::new();
+        let mut ratios = Vec::new();
+        for r in reports {
+            let Some(this) = r
+                .results
+                .iter()
+                .find(|s| s.load == row.load && s.policy == row.policy)
+            else {
+                continue;
+            };
+            means.extend(this.e2e_mean_ms);
+            p95s.extend(this.e2e_p95_ms);
+            let b = best(r, row.load);
+            bests.extend(b);
+            if let (Some(mean), Some(b)) = (this.e2e_mean_ms, b.filter(|b| *b > 0.0)) {
+                ratios.push(mean / b);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            percent(row.load),
+            spread(bests, |v| ms(Some(v))),
+            row.policy,
+            spread(means, |v| ms(Some(v))),
+            spread(p95s, |v| ms(Some(v))),
+            spread(ratios, |v| format!("{v:.2}")),
+        );
+    }
 }
 
 /// "median (min … max)".
@@ -1133,7 +1269,9 @@ pub(crate) mod tests {
             itl_p50_ms: Some(7.0),
             itl_p99_ms: Some(12.0),
             e2e_p50_ms: Some(900.0),
+            e2e_p95_ms: Some(2500.0),
             e2e_p99_ms: Some(4000.0),
+            e2e_mean_ms: Some(1200.0),
             output_tokens_per_s: 1000.0,
             completed: 10,
             errors: 0,
@@ -1184,6 +1322,7 @@ pub(crate) mod tests {
                 replica_capacity: BTreeMap::new(),
             },
             results,
+            static_allocation: Vec::new(),
             setup: Setup::default(),
         }
     }
@@ -1208,7 +1347,9 @@ pub(crate) mod tests {
             "itl_p50_ms",
             "itl_p99_ms",
             "e2e_p50_ms",
+            "e2e_p95_ms",
             "e2e_p99_ms",
+            "e2e_mean_ms",
             "output_tokens_per_s",
             "completed",
             "errors",
@@ -1217,7 +1358,7 @@ pub(crate) mod tests {
         ] {
             assert!(row.contains_key(key), "missing {key}");
         }
-        assert_eq!(row.len(), 14);
+        assert_eq!(row.len(), 16);
     }
 
     #[test]
@@ -1424,6 +1565,92 @@ pub(crate) mod tests {
             md.matches("\n| ").count(),
             5,
             "a header and four rows:\n{md}"
+        );
+    }
+
+    #[test]
+    fn a_static_allocation_is_printed_beside_the_means() {
+        use crate::allocation::{ReplicaShare, RequestShape, StaticAllocation};
+        let mut report = report();
+        let share = |hardware: &str, share: f64| ReplicaShare {
+            hardware: hardware.into(),
+            share,
+            requests_per_s: share * 0.3,
+            mean_e2e_ms: Some(8000.0),
+        };
+        let request = RequestShape {
+            prompt_tokens: 190.0,
+            output_tokens: 96.0,
+        };
+        report.static_allocation = vec![
+            StaticAllocation {
+                load: 0.5,
+                requests_per_s: 0.3,
+                request,
+                replicas: vec![
+                    share("cpu-2t", 0.4),
+                    share("cpu-2t", 0.4),
+                    share("cpu-1t", 0.2),
+                ],
+                mean_e2e_ms: Some(600.0),
+                even_split_mean_e2e_ms: None,
+            },
+            StaticAllocation {
+                load: 1.0,
+                requests_per_s: 0.6,
+                request,
+                replicas: Vec::new(),
+                mean_e2e_ms: None,
+                even_split_mean_e2e_ms: None,
+            },
+        ];
+        let md = report.markdown();
+        assert!(md.contains("190 prompt and 96 output tokens"), "{md}");
+        assert!(
+            md.contains("| 50 % | 0.300 req/s | cpu-2t 40 %, cpu-2t 40 %, cpu-1t 20 % | 600 ms | a replica falls behind |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 100 % | 0.600 req/s | none keeps up | — |"),
+            "{md}"
+        );
+        // Each run's mean (1.2 s) over the allocation's (0.6 s) at its load.
+        assert!(
+            md.contains("| 50 % | round-robin | 1.20 s | 900 ms | 2.50 s | 200 ms | 0 | 2.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 100 % | scored | 1.20 s | 900 ms | 2.50 s | 500 ms | 0 | — |"),
+            "{md}"
+        );
+        let value = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            value["static_allocation"][0]["replicas"][2]["hardware"],
+            "cpu-1t"
+        );
+        assert_eq!(
+            value["static_allocation"][0]["request"]["prompt_tokens"],
+            190.0
+        );
+        // Over seeds: the spread of each run's ratio to its own seed's
+        // allocation.
+        let mut other = report.clone();
+        other.seed = 2;
+        other.static_allocation[0].mean_e2e_ms = Some(1200.0);
+        let spread = spread_markdown(&[report.clone(), other]);
+        assert!(
+            spread.contains("| 50 % | 1.20 s (600 ms … 1.20 s) | scored | 1.20 s (1.20 s … 1.20 s) | 2.50 s (2.50 s … 2.50 s) | 2.00 (1.00 … 2.00) |"),
+            "{spread}"
+        );
+        // Scenarios without one neither print nor serialize it.
+        report.static_allocation.clear();
+        assert!(!spread_markdown(&[report.clone()]).contains("best static"));
+        assert!(!report.markdown().contains("Best static allocation"));
+        assert!(
+            serde_json::to_value(&report)
+                .unwrap()
+                .get("static_allocation")
+                .is_none()
         );
     }
 

@@ -134,6 +134,13 @@ pub struct Scenario {
     pub virtual_time: bool,
     /// What the runs of each load differ in.
     pub compare: Compare,
+    /// Simulated seconds a client waits for a complete answer, when the
+    /// scenario needs longer than the default (`--client-timeout` still
+    /// wins).
+    pub client_timeout: Option<f64>,
+    /// Report the best static allocation of each load, computed from the
+    /// engine profiles, beside the measured figures.
+    pub static_allocation: bool,
 }
 
 /// What a scenario's runs compare, on identical arrivals.
@@ -200,8 +207,9 @@ pub const PEERS: [&str; 4] = [
     "bursty-uneven",
 ];
 /// Every scenario name, `all` and `peers` excluded. `agent` is run by
-/// name: it compares session affinity on and off rather than the policies.
-pub const NAMES: [&str; 12] = [
+/// name: it compares session affinity on and off rather than the policies;
+/// so is `batch-cost`, whose fleet is of CPUs.
+pub const NAMES: [&str; 13] = [
     "mixed-fleet",
     "bursty",
     "shared-prefix",
@@ -214,6 +222,7 @@ pub const NAMES: [&str; 12] = [
     "heterogeneous",
     "multi-turn",
     "bursty-uneven",
+    "batch-cost",
 ];
 
 const LOADS: [f64; 4] = [0.5, 0.8, 1.0, 1.2];
@@ -378,6 +387,36 @@ fn uneven_chat() -> Mix {
     }
 }
 
+/// `batch-cost`: short chat, prompts log-normal around 160 tokens and
+/// answers around 80 (means about 190 and 96), so a 0.5B model on one or
+/// two CPU threads answers in seconds (6–12 s alone).
+fn short_chat() -> Mix {
+    Mix::Chat {
+        system_tokens: 0,
+        prompt: LengthDist {
+            median: 160.0,
+            sigma: 0.6,
+            min: 16,
+            max: 1500,
+        },
+        output: LengthDist {
+            median: 80.0,
+            sigma: 0.6,
+            min: 8,
+            max: 600,
+        },
+    }
+}
+
+/// Loads of `batch-cost`: at 40 % every policy keeps up; round-robin's
+/// third of the traffic fills the one-thread replica at about 64 % (two
+/// threads are 1.85 times as fast as one), so at 60 % it is nearly
+/// saturated and at 80 % it falls behind.
+const BATCH_COST_LOADS: [f64; 3] = [0.4, 0.6, 0.8];
+/// A client of `batch-cost` waits ten minutes: answers take seconds, and a
+/// shorter wait would cut the queue behind a slow replica out of the mean.
+const BATCH_COST_CLIENT_TIMEOUT: f64 = 600.0;
+
 fn fleet(replicas: usize, hardware: &[&str], model: &str) -> FleetPlan {
     FleetPlan {
         replicas,
@@ -410,6 +449,8 @@ impl Scenario {
             live: true,
             virtual_time: true,
             compare: Compare::Policies,
+            client_timeout: None,
+            static_allocation: false,
         }
     }
 
@@ -460,6 +501,8 @@ impl Scenario {
                     live: true,
                     virtual_time: false,
                     compare: Compare::FlowControl,
+                    client_timeout: None,
+                    static_allocation: false,
                 }
             }
             "shared-prefix" => Scenario::standard(
@@ -560,6 +603,17 @@ impl Scenario {
                 workload(bursts(), uneven_chat()),
                 vec![0.7],
             ),
+            "batch-cost" => Scenario {
+                client_timeout: Some(BATCH_COST_CLIENT_TIMEOUT),
+                static_allocation: true,
+                ..Scenario::standard(
+                    "batch-cost",
+                    "Batching is not free: Qwen2.5-0.5B on llama.cpp CPU replicas, two on two threads and one on one thread (1.85 times slower), where a batch of four costs nearly four times one; short chat requests (6-12 s alone). Beside the measured figures, the best static allocation computed from the engine profiles: the split of the arrivals that minimises the mean end-to-end time.",
+                    fleet(3, &["cpu-2t", "cpu-2t", "cpu-1t"], "qwen2.5-0.5b"),
+                    workload(Traffic::Poisson, short_chat()),
+                    BATCH_COST_LOADS.to_vec(),
+                )
+            },
             "fleet-scale" => Scenario {
                 length: RunLength::Requests(1_000_000),
                 live_length: RunLength::Requests(0),
@@ -699,6 +753,28 @@ mod tests {
         let per_replica = f64::from(configs[0].kv_capacity_tokens());
         assert!(per_replica < total / 2.0, "{per_replica} of {total}");
         assert!(per_replica * configs.len() as f64 > total);
+    }
+
+    #[test]
+    fn batch_cost_runs_cpus_of_two_speeds_and_asks_for_the_allocation() {
+        let s = Scenario::named("batch-cost", Size::Full).unwrap();
+        assert_eq!(s.fleet.describe(), "2 × cpu-2t + 1 × cpu-1t, qwen2.5-0.5b");
+        assert!(s.static_allocation);
+        assert_eq!(s.client_timeout, Some(BATCH_COST_CLIENT_TIMEOUT));
+        assert_eq!(s.workload.model, "Qwen/Qwen2.5-0.5B-Instruct");
+        assert_eq!(s.loads, BATCH_COST_LOADS);
+        assert_eq!(expand("batch-cost", false).unwrap(), ["batch-cost"]);
+        // Not in `all`: its fleet is not a GPU fleet like the others'.
+        assert!(!ALL.contains(&"batch-cost"));
+        let configs = s.fleet.engine_configs().unwrap();
+        let decode = |c: &EngineConfig, batch| {
+            sim::engine::timing::Roofline::new(c).decode_seconds(batch, 250)
+        };
+        for c in &configs {
+            assert!(decode(c, 4) > 3.5 * decode(c, 1), "{}", c.hardware.name);
+        }
+        let speed = decode(&configs[2], 1) / decode(&configs[0], 1);
+        assert!((1.7..2.0).contains(&speed), "{speed}");
     }
 
     #[test]

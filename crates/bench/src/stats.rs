@@ -8,7 +8,9 @@
 //! - **ITL**: per request, (last token − first token) / (tokens − 1), the
 //!   mean gap between the request's tokens; percentiles are over requests.
 //! - **e2e**: arrival → last token, for completed requests; timed-out
-//!   requests count at the timeout.
+//!   requests count at the timeout. Its mean is reported beside its
+//!   percentiles: a median can hide a share of requests queued behind a
+//!   slow replica, a mean cannot.
 //! - **output tokens/s**: output tokens of completed requests ÷ (last
 //!   completion − first arrival).
 //! - **prefix hit rate**: prompt tokens served from the replicas' prefix
@@ -181,7 +183,10 @@ pub struct Summary {
     pub itl_p50_ms: Option<f64>,
     pub itl_p99_ms: Option<f64>,
     pub e2e_p50_ms: Option<f64>,
+    pub e2e_p95_ms: Option<f64>,
     pub e2e_p99_ms: Option<f64>,
+    /// Mean end-to-end time (timed-out requests at the timeout).
+    pub e2e_mean_ms: Option<f64>,
     pub output_tokens_per_s: f64,
     pub completed: u64,
     /// Failed and timed-out requests.
@@ -344,6 +349,7 @@ pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) ->
         }
     }
     let span = last_completion - first_arrival;
+    let e2e_mean_ms = mean(&e2e).map(|s| s * 1e3);
     let ms = |values: &mut Vec<f64>, p: f64| percentile(values, p).map(|s| s * 1e3);
     Summary {
         policy: policy.to_owned(),
@@ -354,7 +360,9 @@ pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) ->
         itl_p50_ms: ms(&mut itl, 50.0),
         itl_p99_ms: ms(&mut itl, 99.0),
         e2e_p50_ms: ms(&mut e2e, 50.0),
+        e2e_p95_ms: ms(&mut e2e, 95.0),
         e2e_p99_ms: ms(&mut e2e, 99.0),
+        e2e_mean_ms,
         output_tokens_per_s: if span > 0.0 {
             output as f64 / span
         } else {
@@ -372,6 +380,11 @@ pub fn summarize(policy: &str, load: f64, outcomes: &[Outcome], timeout: f64) ->
         flow_control: None,
         bands: band_summaries(outcomes),
     }
+}
+
+/// The arithmetic mean, when there are values.
+pub fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
 }
 
 /// Nearest-rank percentile (`p` in 0..=100); sorts `values` in place.
@@ -429,6 +442,11 @@ mod tests {
         assert_eq!(s.ttft_p99_ms, Some(60_000.0));
         assert_eq!(s.e2e_p99_ms, Some(60_000.0));
         assert!((s.ttft_p50_ms.unwrap() - 300.0).abs() < 1e-9);
+        // The mean e2e counts the timed-out request too: (1.1 + 2.3 + 60) / 3,
+        // while the median is the second completed one.
+        assert!((s.e2e_mean_ms.unwrap() - 63_400.0 / 3.0).abs() < 1e-6);
+        assert!((s.e2e_p50_ms.unwrap() - 2300.0).abs() < 1e-9);
+        assert_eq!(mean(&[]), None);
     }
 
     #[test]

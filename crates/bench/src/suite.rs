@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 
+use crate::allocation::{RequestShape, StaticAllocation};
 use crate::capacity::{self, Calibration, FleetCapacity};
 use crate::flow::FlowMode;
 use crate::live::{self, GatewayLauncher, LiveOptions};
@@ -54,8 +55,10 @@ pub struct SuiteOptions {
     pub replicas: Option<usize>,
     /// Replace the scenario's GPU profiles (cycled over the replicas).
     pub hardware: Option<Vec<String>>,
-    /// Simulated seconds a client waits for a complete answer.
-    pub client_timeout: f64,
+    /// Simulated seconds a client waits for a complete answer; `None`: the
+    /// scenario's own wait, else [`DEFAULT_CLIENT_TIMEOUT`]
+    /// ([`QUICK_CLIENT_TIMEOUT`] with `--quick`).
+    pub client_timeout: Option<f64>,
     /// Scrape period and delay of the modelled gateway (virtual mode).
     pub scrape_interval: f64,
     pub scrape_delay: f64,
@@ -83,11 +86,7 @@ impl SuiteOptions {
             length: None,
             replicas: None,
             hardware: None,
-            client_timeout: match size {
-                Size::Full => 60.0,
-                // Short runs; long answers on slow GPUs would dominate them.
-                Size::Quick => 20.0,
-            },
+            client_timeout: None,
             scrape_interval: config::defaults::SCRAPE_INTERVAL.as_secs_f64(),
             scrape_delay: DEFAULT_SCRAPE_DELAY,
             gateway: GatewayLauncher::InProcess,
@@ -96,7 +95,26 @@ impl SuiteOptions {
             scheduling: None,
         }
     }
+
+    /// Simulated seconds a client of `scenario` waits for a complete answer.
+    pub fn client_timeout(&self, scenario: &Scenario) -> f64 {
+        self.client_timeout
+            .or(scenario.client_timeout)
+            .unwrap_or(match self.size {
+                Size::Full => DEFAULT_CLIENT_TIMEOUT,
+                Size::Quick => QUICK_CLIENT_TIMEOUT,
+            })
+    }
 }
+
+/// How long a client waits for its answer, unless the scenario or
+/// `--client-timeout` says otherwise.
+pub const DEFAULT_CLIENT_TIMEOUT: f64 = 60.0;
+/// The same with `--quick`: short runs, where long answers on slow GPUs
+/// would dominate.
+pub const QUICK_CLIENT_TIMEOUT: f64 = 20.0;
+/// Requests whose mean lengths the best static allocation is modelled for.
+const SHAPE_SAMPLE: usize = 4000;
 
 /// From a replica taking its snapshot to the picker seeing it: an HTTP
 /// round trip on a local network plus rendering and parsing the text.
@@ -264,6 +282,11 @@ fn router_versions(options: &SuiteOptions) -> Option<String> {
 /// Run one scenario: every policy at every load. Progress goes to stderr.
 pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<ScenarioReport> {
     let scenario = scenario(name, options)?;
+    let client_timeout = options.client_timeout(&scenario);
+    let options = &SuiteOptions {
+        client_timeout: Some(client_timeout),
+        ..options.clone()
+    };
     let engines = scenario.fleet.engine_configs()?;
     let workload = Arc::new(Workload::new(scenario.workload.clone(), options.seed));
     let calibration = match options.size {
@@ -296,11 +319,29 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         scenario.name, capacity.requests_per_s
     );
 
+    let static_allocation = if scenario.static_allocation {
+        let engines = engines.clone();
+        let workload = Arc::clone(&workload);
+        let loads = scenario.loads.clone();
+        let fleet_rate = capacity.requests_per_s;
+        tokio::task::spawn_blocking(move || {
+            let shape =
+                RequestShape::of(&workload.sample(SHAPE_SAMPLE)).expect("a workload has requests");
+            loads
+                .iter()
+                .map(|&load| StaticAllocation::compute(&engines, shape, load, load * fleet_rate))
+                .collect()
+        })
+        .await?
+    } else {
+        Vec::new()
+    };
+
     let mut results = Vec::new();
     let mut setup = Setup {
         about: scenario.about.to_owned(),
         length: scenario.length.to_string(),
-        client_timeout: options.client_timeout,
+        client_timeout,
         scheduling: options.scheduling.as_ref().map(ToString::to_string),
         notes: notes(&scenario),
         routers: !options.routers.is_empty(),
@@ -336,7 +377,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                     let live_options = LiveOptions {
                         gateway: options.gateway.clone(),
                         time_scale: *time_scale,
-                        client_timeout: options.client_timeout,
+                        client_timeout,
                         ready_timeout: std::time::Duration::from_secs(20),
                         seed: options.seed,
                         scheduling: options.scheduling.clone(),
@@ -377,12 +418,8 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
             };
             let wall = started.elapsed().as_secs_f64();
             requests.get_or_insert(outcomes.len());
-            let mut summary = stats::summarize(
-                &label(router, options),
-                load,
-                &outcomes,
-                options.client_timeout,
-            );
+            let mut summary =
+                stats::summarize(&label(router, options), load, &outcomes, client_timeout);
             summary.router_cpu_s = router_cpu_s;
             if scenario.compare == Compare::FlowControl
                 && let RouterUnderTest::Infergate(policy) = router
@@ -409,6 +446,7 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
         seed: options.seed,
         fleet: fleet_report(&scenario, &engines, &capacity),
         results,
+        static_allocation,
         setup,
     })
 }
@@ -436,7 +474,7 @@ pub fn run_virtual(
     let virtual_options = VirtualOptions {
         scrape_interval: options.scrape_interval,
         scrape_delay: options.scrape_delay,
-        client_timeout: options.client_timeout,
+        client_timeout: options.client_timeout.unwrap_or(DEFAULT_CLIENT_TIMEOUT),
         flow_control,
         seed: options.seed,
         exact_prefix: policy.exact_prefix(),

@@ -21,6 +21,11 @@
 //!   request), or refused with 429 when its wait expires or the queue is
 //!   full: the gateway's defaults for one priority band and one fairness
 //!   key, so first come first served.
+//! - **Latency models**: when a request ends, the chosen replica's latency
+//!   model learns its features at the pick with the observed time to first
+//!   token (from sending it to the replica) and mean time per later token,
+//!   as the gateway teaches it after each answer; the `predicted` policy
+//!   ranks replicas by these models.
 //! - **Clients**: abort a request that has not completed within the client
 //!   timeout.
 //! - **KV events** (`exact_prefix`): the picker asks each candidate's
@@ -39,8 +44,8 @@ use std::time::{Duration, Instant};
 
 use picker::flow::{FlowKey, Priority, Queue};
 use picker::{
-    Endpoint, EngineState, ExactPrefix, LoadGuard, Observation, PickError, PickRequest,
-    PickerConfig, PrefixConfig,
+    Endpoint, EngineState, ExactPrefix, LatencyFeatures, LoadGuard, Observation, PickError,
+    PickRequest, PickerConfig, PrefixConfig,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -190,6 +195,9 @@ struct InFlight {
     /// Released when the request ends, as the gateway releases it when the
     /// response body ends.
     load: LoadGuard,
+    /// The replica's latency features at the pick, which its latency model
+    /// learns from with the observed latencies when the request ends.
+    latency: Option<LatencyFeatures>,
 }
 
 /// The band every request waits in: the one [`FlowLimits`] describes.
@@ -426,10 +434,14 @@ impl<'a> Simulation<'a> {
         }
         match self.pick(&request, at) {
             Ok(decision) => self.dispatch(request, decision, at),
-            Err(PickError::Saturated { .. }) if self.options.flow_control.is_some() => {
+            // No request carries objectives here; a standard request that
+            // none can meet would wait, as for room.
+            Err(PickError::Saturated { .. } | PickError::SloUnmet { .. })
+                if self.options.flow_control.is_some() =>
+            {
                 self.enqueue(request);
             }
-            Err(PickError::Saturated { .. }) => {
+            Err(PickError::Saturated { .. } | PickError::SloUnmet { .. }) => {
                 self.outcomes[request.id as usize] = Outcome::rejected(at);
             }
             Err(PickError::NoReplicas | PickError::NoHealthyReplicas { .. }) => {}
@@ -444,6 +456,7 @@ impl<'a> Simulation<'a> {
 
     fn dispatch(&mut self, request: Prepared, decision: picker::Decision, at: f64) {
         let load = decision.acquire();
+        let latency = decision.latency.map(|(features, _)| features);
         let replica = decision.index();
         self.pool.record(replica, &request.prefix_hashes);
         let id = request.id;
@@ -466,6 +479,7 @@ impl<'a> Simulation<'a> {
                 replica,
                 first_token: None,
                 load,
+                latency,
             },
         );
         self.push(
@@ -563,10 +577,19 @@ impl<'a> Simulation<'a> {
                 let ttft = flight.first_token.map(|t| t - arrival);
                 // What the gateway measures of the replica's speed, as
                 // `Record` does at the end of an answer.
-                flight
-                    .load
-                    .endpoint()
-                    .observe_answer(at - flight.sent, u64::from(completion_tokens));
+                let endpoint = flight.load.endpoint();
+                endpoint.observe_answer(at - flight.sent, u64::from(completion_tokens));
+                // And what it measures of the replica's latency, from
+                // sending the request: the first token, then the mean gap
+                // between the others.
+                if let Some(features) = &flight.latency {
+                    let first = flight.first_token;
+                    let replica_ttft = first.map(|t| t - flight.sent);
+                    let itl = first
+                        .filter(|_| completion_tokens > 1)
+                        .map(|t| (at - t) / f64::from(completion_tokens - 1));
+                    endpoint.latency().observe(features, replica_ttft, itl);
+                }
                 self.outcomes[id as usize] = match (reason, ttft) {
                     (FinishReason::Length, Some(ttft)) => Outcome::completed(
                         arrival,
@@ -657,6 +680,11 @@ fn pick(
         // the bench's requests in `standard`, which stops short of it).
         queue_share: None,
         exact_prefix: exact_prefix.map(|e| e as &dyn ExactPrefix),
+        prompt_tokens: request
+            .estimated_tokens
+            .saturating_sub(u64::from(request.max_tokens)),
+        expected_output_tokens: u64::from(request.max_tokens),
+        slo: None,
     };
     pool.pick(&pick, now, &[], rng)
 }
