@@ -1,6 +1,8 @@
 //! Cost of one scored pick for an 8k-token chat prompt against a warmed
 //! prefix index, at 10, 100 and 1,000 replicas; prompt hashing and the
-//! index update after a pick are measured on their own.
+//! index update after a pick are measured on their own, and the predicted
+//! policy's pick beside the scored one (while its models are being
+//! measured, when the scored policy decides, and once they are trusted).
 //!
 //! Run: `cargo bench -p infergate-picker --bench pick`. Criterion writes the
 //! medians to `target/criterion/<group>/<id>/new/estimates.json`.
@@ -11,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use picker::{
-    Endpoint, EngineState, Observation, PickRequest, Picker, PickerConfig, Policy, PrefixConfig,
-    prompt_hashes,
+    Endpoint, EngineState, LatencyFeatures, Observation, PickRequest, Picker, PickerConfig, Policy,
+    PrefixConfig, prompt_hashes,
 };
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -88,6 +90,28 @@ fn warmed_pool(replicas: usize, now: Instant, prompt: &[u64]) -> Picker {
     pool
 }
 
+/// Teach every replica's latency model until it is trusted: latencies
+/// that follow the features exactly, each replica a little slower than
+/// the one before.
+fn teach(pool: &Picker) {
+    for endpoint in pool.endpoints().iter() {
+        let slower = 1.0 + (endpoint.index % 10) as f64 * 0.1;
+        for k in 0..60u32 {
+            let f = LatencyFeatures {
+                waiting: f64::from(k % 4),
+                running: f64::from(k % 16),
+                kv_usage: f64::from(k % 7) * 0.1,
+                new_prompt_tokens: f64::from(k % 9) * 900.0,
+                cached_prompt_tokens: f64::from(k % 5) * 400.0,
+            };
+            let ttft = slower * (0.03 + 0.25 * f.waiting + 1e-4 * f.new_prompt_tokens);
+            let itl = slower * (0.012 + 6e-4 * f.running + 0.008 * f.kv_usage);
+            endpoint.latency().observe(&f, Some(ttft), Some(itl));
+        }
+        assert!(endpoint.latency().summary().trusted);
+    }
+}
+
 fn bench_hash(c: &mut Criterion) {
     let body = chat_body(7, 11);
     let blocks = hashes_of(&body).len();
@@ -144,6 +168,29 @@ fn bench_pick(c: &mut Criterion) {
         });
         group.bench_with_input(
             BenchmarkId::new("least-request", replicas),
+            &replicas,
+            |b, _| b.iter(|| pool.pick(black_box(&req), now, &[], &mut rng).unwrap()),
+        );
+
+        let req = PickRequest {
+            prompt_tokens: 8_000,
+            expected_output_tokens: 256,
+            ..req
+        };
+        pool.set_config(PickerConfig {
+            policy: Policy::Predicted,
+            ..PickerConfig::default()
+        });
+        group.bench_with_input(
+            BenchmarkId::new("predicted-measuring", replicas),
+            &replicas,
+            |b, _| b.iter(|| pool.pick(black_box(&req), now, &[], &mut rng).unwrap()),
+        );
+        teach(&pool);
+        let decision = pool.pick(&req, now, &[], &mut rng).unwrap();
+        assert_eq!(decision.policy, Policy::Predicted, "the models decide");
+        group.bench_with_input(
+            BenchmarkId::new("predicted", replicas),
             &replicas,
             |b, _| b.iter(|| pool.pick(black_box(&req), now, &[], &mut rng).unwrap()),
         );

@@ -498,17 +498,20 @@ pub struct PredictConfig {
     /// the error by then.
     pub min_observations: u64,
     /// Recent mean absolute percentage error, of TTFT and of ITL, under
-    /// which a model is trusted. Default 0.35: on the synthetic fleets of
-    /// the tests a model of the right form settles at 0.05-0.15 with 10 %
-    /// noise, and one that has not caught up with a change of its replica
-    /// (a speed that doubled: 0.5) is over it within a few requests.
+    /// which a model is trusted. Default 0.35: on the synthetic replicas
+    /// of the tests a model of the right form meets about 0.1 with 10 %
+    /// noise and 0.25-0.3 with 30 %, while one that has not caught up with
+    /// its replica (a speed that doubled: 0.5 at first) goes over it within
+    /// about 15 requests, and a model without the term for batching's cost
+    /// stays over it on a CPU-like replica.
     pub max_error: f64,
-    /// The forgetting factor λ of the recursive least squares: each
-    /// observation's weight falls by λ per later one, so the fit remembers
-    /// about `1 / (1 - λ)` requests. Default 0.98 (50 requests): a replica
-    /// whose speed doubled is learned again within the bound the drift test
-    /// asserts; at 0.995 the same took four times longer, at 0.95 the
-    /// error on a steady replica rose by a third (docs/picker.md).
+    /// The forgetting factor λ of the least-squares fits: each
+    /// observation's weight falls by λ per later one, so a fit remembers
+    /// about `1 / (1 - λ)` requests. Default 0.97 (about 33 requests): on
+    /// the synthetic replicas a replica twice as slow was learned again
+    /// within 64 requests, where 0.98 took 85 and 0.99 several hundred;
+    /// 0.95 took 52 but its error was a quarter higher (docs/picker.md,
+    /// "Predicted latency").
     pub forgetting: f64,
     /// Share of picks that go, at random, to a replica still being
     /// measured (fewer than `min_observations`), so a replica that has

@@ -224,4 +224,6 @@ impl Picker {
 }
 
 #[cfg(test)]
+mod predicted_tests;
+#[cfg(test)]
 mod tests;

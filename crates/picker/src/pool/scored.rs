@@ -124,49 +124,10 @@ impl ScoredPick<'_> {
         }
         self.prefix_matches(scratch);
         self.latency_features(scratch);
-        if self.predicts() {
-            let candidates = predicted::Candidates {
-                snapshot: self.snapshot,
-                positions: &scratch.positions,
-                features: &scratch.latency,
-            };
-            match predicted::decide(&candidates, self.req, &self.config.predict, rng) {
-                Verdict::Chosen {
-                    candidate,
-                    prediction,
-                } => {
-                    let scores = if self.req.explain {
-                        self.session_home(scratch);
-                        self.score(scratch);
-                        let weights = self.weights();
-                        self.explain(
-                            &self.totals(&weights, scratch),
-                            &scratch.positions,
-                            candidate,
-                        )
-                    } else {
-                        Vec::new()
-                    };
-                    return Ok(self.decision(
-                        Policy::Predicted,
-                        candidate,
-                        prediction,
-                        scratch,
-                        None,
-                        scores,
-                    ));
-                }
-                Verdict::Unmet { best, waiting } => {
-                    return Err(PickError::SloUnmet {
-                        retry_after: (self.retry_after)(
-                            waiting.round() as u64,
-                            scratch.signals.len(),
-                        ),
-                        best,
-                    });
-                }
-                Verdict::Untrusted => {}
-            }
+        if self.predicts()
+            && let Some(decided) = self.predicted(rng, scratch)
+        {
+            return decided;
         }
         self.session_home(scratch);
         self.score(scratch);
@@ -190,6 +151,51 @@ impl ScoredPick<'_> {
             Some(choice.top),
             scores,
         ))
+    }
+
+    /// The predicted pick ([`Policy::Predicted`]): its decision or its
+    /// refusal, or `None` when a model is untrusted and the scored steps
+    /// decide.
+    fn predicted<R: Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+        scratch: &mut Scratch,
+    ) -> Option<Result<Decision, PickError>> {
+        let candidates = predicted::Candidates {
+            snapshot: self.snapshot,
+            positions: &scratch.positions,
+            features: &scratch.latency,
+        };
+        match predicted::decide(&candidates, self.req, &self.config.predict, rng) {
+            Verdict::Chosen {
+                candidate,
+                prediction,
+            } => {
+                // An explanation lists the scores, with the choice first.
+                let scores = if self.req.explain {
+                    self.session_home(scratch);
+                    self.score(scratch);
+                    let weights = self.weights();
+                    let totals = self.totals(&weights, scratch);
+                    self.explain(&totals, &scratch.positions, candidate)
+                } else {
+                    Vec::new()
+                };
+                Some(Ok(self.decision(
+                    Policy::Predicted,
+                    candidate,
+                    prediction,
+                    scratch,
+                    None,
+                    scores,
+                )))
+            }
+            Verdict::Unmet { best, waiting } => Some(Err(PickError::SloUnmet {
+                retry_after: (self.retry_after)(waiting.round() as u64, scratch.signals.len()),
+                best,
+            })),
+            Verdict::Untrusted => None,
+        }
     }
 
     /// Whether the predictions may decide this pick: under the predicted
