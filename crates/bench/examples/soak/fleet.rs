@@ -5,11 +5,10 @@ use super::*;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Fault {
-    /// Kill the replica's process; through `POST /admin/crash` first (the
-    /// replica drops every connection itself) or with SIGKILL alone.
+    /// SIGKILL the replica's process: its connections close at once, as
+    /// when an engine is OOM-killed or its pod evicted.
     Kill {
         replica: usize,
-        via_admin: bool,
     },
     Restart {
         replica: usize,
@@ -27,12 +26,21 @@ pub(crate) enum Fault {
 pub(crate) const METRICS_FAULTS: [&str; 4] = ["garbage", "dead", "hang", "frozen"];
 pub(crate) const SLOWDOWN: f64 = 4.0;
 
-/// Each cycle kills a replica and restarts it, then switches another's
-/// metrics to a fault for a fifth of the cycle, then slows a third down
-/// for a fifth of the cycle; the targets rotate.
+/// A replica killed is down this share of the kill period (at least 3 s)
+/// before it is restarted on its port.
+const DOWN: f64 = 0.1;
+
+/// Every kill period (`--minutes` × 4 s: 2 minutes in 30), in its
+/// middle, a replica is SIGKILLed, and restarted a tenth of the period
+/// later. Every fault cycle (a sixth of the run) another's metrics switch
+/// to a fault for a fifth of the cycle, then a third is slowed down for a
+/// fifth of the cycle. The targets rotate; a kill skips the replica a
+/// metrics fault or a slowdown is on (both are set through the replica's
+/// admin API, which a dead replica does not answer).
 pub(crate) fn fault_schedule(t: &Timeline, replicas: usize) -> Vec<(Duration, Fault)> {
     let mut events = Vec::new();
-    let down = t.cycle.mul_f64(0.1).max(Duration::from_secs(3));
+    // Each metrics fault and slowdown: from, to, replica.
+    let mut busy = Vec::new();
     for k in 0.. {
         let start = t.cycle * k;
         if start >= t.traffic {
@@ -40,16 +48,7 @@ pub(crate) fn fault_schedule(t: &Timeline, replicas: usize) -> Vec<(Duration, Fa
         }
         let at = |f: f64| start + t.cycle.mul_f64(f);
         let k = k as usize;
-        let (killed, faulty, slow) = (k % replicas, (k + 1) % replicas, (k + 2) % replicas);
-        let kill_at = at(0.1);
-        events.push((
-            kill_at,
-            Fault::Kill {
-                replica: killed,
-                via_admin: k % 2 == 1,
-            },
-        ));
-        events.push((kill_at + down, Fault::Restart { replica: killed }));
+        let (faulty, slow) = ((k + 1) % replicas, (k + 2) % replicas);
         let mode = METRICS_FAULTS[k % METRICS_FAULTS.len()];
         events.push((
             at(0.35),
@@ -65,6 +64,7 @@ pub(crate) fn fault_schedule(t: &Timeline, replicas: usize) -> Vec<(Duration, Fa
                 mode: "ok",
             },
         ));
+        busy.push((at(0.35), at(0.55), faulty));
         events.push((
             at(0.65),
             Fault::Slowdown {
@@ -79,6 +79,32 @@ pub(crate) fn fault_schedule(t: &Timeline, replicas: usize) -> Vec<(Duration, Fa
                 factor: 1.0,
             },
         ));
+        busy.push((at(0.65), at(0.85), slow));
+    }
+    let down = t.kill_every.mul_f64(DOWN).max(Duration::from_secs(3));
+    // A second either side: the admin calls take a moment.
+    let margin = Duration::from_secs(1);
+    let mut next = 0;
+    for k in 0.. {
+        let kill_at = t.kill_every * k + t.kill_every / 2;
+        if kill_at >= t.traffic {
+            break;
+        }
+        let back_at = kill_at + down;
+        let is_busy = |replica: usize| {
+            busy.iter().any(|&(from, to, r)| {
+                r == replica && from <= back_at + margin && kill_at <= to + margin
+            })
+        };
+        let Some(killed) = (0..replicas)
+            .map(|i| (next + i) % replicas)
+            .find(|&r| !is_busy(r))
+        else {
+            continue;
+        };
+        next = killed + 1;
+        events.push((kill_at, Fault::Kill { replica: killed }));
+        events.push((back_at, Fault::Restart { replica: killed }));
     }
     events.retain(|(at, _)| *at < t.traffic);
     events.sort_by_key(|(at, _)| *at);
@@ -87,8 +113,7 @@ pub(crate) fn fault_schedule(t: &Timeline, replicas: usize) -> Vec<(Duration, Fa
 
 #[derive(Debug, Default)]
 pub(crate) struct FaultLog {
-    pub(crate) kills_admin: u32,
-    pub(crate) kills_sigkill: u32,
+    pub(crate) kills: u32,
     pub(crate) restarts: u32,
     pub(crate) metrics: Vec<&'static str>,
     pub(crate) slowdowns: u32,
@@ -183,18 +208,8 @@ impl Fleet {
         unreachable!("the last attempt returns")
     }
 
-    pub(crate) async fn kill(&mut self, i: usize, via_admin: bool) -> anyhow::Result<()> {
-        if via_admin {
-            let url = format!("http://127.0.0.1:{}/admin/crash", self.ports[i]);
-            self.http
-                .post(url)
-                .send()
-                .await?
-                .error_for_status()
-                .context("POST /admin/crash")?;
-        }
-        // The crash only stops the replica's server; the process goes too,
-        // so the replica can come back as a fresh one on the same port.
+    /// SIGKILL replica `i`'s process.
+    pub(crate) async fn kill(&mut self, i: usize) -> anyhow::Result<()> {
         if let Some(mut child) = self.children[i].take() {
             child.kill().await?;
         }
@@ -225,23 +240,10 @@ impl Fleet {
         let ports = self.ports.clone();
         let addr = |i: usize| format!("replica {i} (127.0.0.1:{})", ports[i]);
         Ok(match fault {
-            Fault::Kill { replica, via_admin } => {
-                let what = format!(
-                    "kill {} {}",
-                    addr(replica),
-                    if via_admin {
-                        "with POST /admin/crash, then SIGKILL"
-                    } else {
-                        "with SIGKILL"
-                    }
-                );
-                self.kill(replica, via_admin).await?;
-                if via_admin {
-                    log.kills_admin += 1;
-                } else {
-                    log.kills_sigkill += 1;
-                }
-                what
+            Fault::Kill { replica } => {
+                self.kill(replica).await?;
+                log.kills += 1;
+                format!("kill {} with SIGKILL", addr(replica))
             }
             Fault::Restart { replica } => {
                 self.spawn(replica).await?;

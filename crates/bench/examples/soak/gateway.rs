@@ -31,6 +31,9 @@ impl Gateway {
                     "engine": "vllm",
                     "models": [MODEL],
                     "endpoints": endpoints,
+                    // The default, said here so the soak keeps testing
+                    // continuation should the default change.
+                    "continuation": {"enabled": true},
                 }],
             },
         });
@@ -42,9 +45,16 @@ impl Gateway {
             .arg("serve")
             .arg("--config")
             .arg(&path)
-            // Warnings (replicas failing, going stale) but no access log:
-            // a line per request would cost the gateway CPU on 2 cores.
-            .env("INFERGATE_LOG", "warn")
+            // Warnings (replicas failing, going stale), each continuation
+            // (`outbound` logs it at info) and the access log, whose
+            // `request_id` is the client's `soak-<n>` and whose `moved`
+            // says which replicas an answer left: what a cut stream needs
+            // to be traced. The access log is written in batches by a
+            // thread of its own: a few % of a core at 30 requests/s.
+            .env(
+                "INFERGATE_LOG",
+                "warn,gateway::outbound=info,infergate::access=info",
+            )
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(dir.join("gateway.out"))?)
             .stderr(std::fs::File::create(&log)?)
@@ -145,6 +155,9 @@ pub(crate) struct GatewayMetrics {
     pub(crate) requests: Option<f64>,
     pub(crate) by_code: BTreeMap<u16, f64>,
     pub(crate) retries: Option<f64>,
+    /// `infergate_migrations_total` by `(reason, outcome)`, summed over
+    /// pools: empty until an answer first moved.
+    pub(crate) migrations: BTreeMap<(String, String), f64>,
 }
 
 impl GatewayMetrics {
@@ -171,6 +184,11 @@ impl GatewayMetrics {
                 "infergate_client_connections" => add(&mut m.connections),
                 "infergate_runtime_alive_tasks" => add(&mut m.tasks),
                 "infergate_retries_total" => add(&mut m.retries),
+                "infergate_migrations_total" => {
+                    let reason = label(labels, "reason").unwrap_or("?").to_owned();
+                    let outcome = label(labels, "outcome").unwrap_or("?").to_owned();
+                    *m.migrations.entry((reason, outcome)).or_default() += value;
+                }
                 "infergate_requests_total" => {
                     add(&mut m.requests);
                     if let Some(code) = label(labels, "code").and_then(|c| c.parse().ok()) {

@@ -2,14 +2,25 @@
 //!
 //! Starts simulated replicas (`infergate sim`, one process each, so that one
 //! can be killed and restarted on its own port) and the gateway
-//! (`infergate serve`) in front of them; sends a steady, seeded mix of chat
-//! completions for `--minutes` while faults are injected on a schedule;
-//! prints one line a minute; and at the end checks that
+//! (`infergate serve`, continuation on) in front of them; sends a steady,
+//! seeded mix of chat completions, most of them streamed, for `--minutes`
+//! while a replica is SIGKILLed and restarted every kill period and other
+//! faults are injected on a schedule; prints one line a minute; and at the
+//! end checks that
 //!
+//! - every stream is whole: it ends with a `finish_reason` and
+//!   `data: [DONE]`, has one `id` throughout, no error event, and exactly
+//!   one usage event where it asked for one, counting every token sent
+//!   (none is cut, even when its replica is killed mid-stream: the
+//!   gateway continues it on another);
+//! - no request is lost: every one not streamed is answered too;
 //! - the gateway's RSS and open descriptors stayed flat after warm-up;
 //! - every request ended in exactly one outcome, and the gateway's
 //!   `infergate_requests_total` agrees with the client's count;
 //! - no client connection or task outlived the traffic.
+//!
+//! The continuations the gateway made (`infergate_migrations_total`, by
+//! reason and outcome) are scraped with every sample and reported.
 //!
 //! Exit status 0 when every check passes, 1 when one fails, 2 when the soak
 //! could not run. Every duration scales with `--minutes`:
@@ -19,12 +30,15 @@
 //! | warm-up (T/10, at least 1 min) | 3 min | 1 min |
 //! | baseline window (T/6 after warm-up) | min 3–8 | 1:00–1:30 |
 //! | final window (last T/6) | min 25–30 | 2:30–3:00 |
-//! | fault cycle (T/6): a kill, a metrics fault, a slowdown | 5 min | 30 s |
+//! | kill period (T/15): a replica SIGKILLed, restarted T/150 later (≥ 3 s) | 2 min | 12 s |
+//! | fault cycle (T/6): a metrics fault, a slowdown | 5 min | 30 s |
 //!
-//! The config, the logs, `samples.csv` (a row every 5 s) and `summary.md`
-//! are kept in `target/soak/<run>/`.
+//! The config, the logs (the gateway's with its access log), `samples.csv`
+//! (a row every 5 s), `failures.jsonl` (each request not answered whole:
+//! what was sent and what the client saw) and `summary.md` are kept in
+//! `target/soak/<run>/`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -160,6 +174,7 @@ struct Timeline {
     warmup: Duration,
     window: Duration,
     cycle: Duration,
+    kill_every: Duration,
 }
 
 impl Timeline {
@@ -172,6 +187,8 @@ impl Timeline {
             warmup: Duration::from_secs_f64((minutes / 10.0).max(1.0) * 60.0),
             window: traffic / 6,
             cycle: traffic / 6,
+            // Every 2 minutes in 30.
+            kill_every: traffic / 15,
         }
     }
 
@@ -204,6 +221,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         );
     }
     let timeline = Timeline::new(args.minutes);
+    let commit = commit();
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
@@ -211,8 +229,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     std::fs::create_dir_all(&dir)?;
 
     println!(
-        "soak: {} min of traffic at {} req/s, {} replicas (h100, time scale {}), seed {}; \
-         warm-up {}, windows {} and {}, a fault cycle every {}; logs in {}",
+        "soak at {commit}: {} min of traffic at {} req/s, {} replicas (h100, time scale {}), seed {}; \
+         warm-up {}, windows {} and {}, a replica killed every {}, a fault cycle every {}; \
+         logs in {}",
         args.minutes,
         args.rate,
         args.replicas,
@@ -221,6 +240,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         clock(timeline.warmup).trim(),
         window_name(timeline.baseline()),
         window_name(timeline.last()),
+        clock(timeline.kill_every).trim(),
         clock(timeline.cycle).trim(),
         dir.display(),
     );
@@ -266,6 +286,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         stats: Mutex::default(),
         slow: Mutex::default(),
         faults: Mutex::default(),
+        failures: Mutex::default(),
         in_flight: AtomicU64::new(0),
         gateway_died: AtomicBool::new(false),
     });
@@ -432,6 +453,42 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             outcomes == stats.sent && timed_out == 0 && unanswered == 0 && stats.skipped == 0,
         ),
     });
+    let cut = stats.count(Class::is_cut);
+    let not_whole = stats.count(Class::is_not_whole);
+    let left = stats.count(|c| c == Class::Left);
+    let kinds = |pick: fn(Class) -> bool| {
+        let kinds: Vec<String> = stats
+            .outcomes
+            .iter()
+            .filter(|(c, _)| pick(**c))
+            .map(|(c, n)| format!("{}×{n}", c.name()))
+            .collect();
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        }
+    };
+    checks.push(Check {
+        name: "streams whole",
+        before: format!("{} streamed, {left} left on purpose", stats.streams_sent),
+        after: format!(
+            "{} whole; {cut} cut{}; {not_whole} not whole{}",
+            stats.streams_whole,
+            kinds(Class::is_cut),
+            kinds(Class::is_not_whole)
+        ),
+        limit: "0 cut, 0 not whole".into(),
+        pass: Some(cut == 0 && not_whole == 0),
+    });
+    let lost = stats.count(Class::is_lost) + unanswered;
+    checks.push(Check {
+        name: "requests lost",
+        before: format!("{} sent", stats.sent),
+        after: format!("{lost} lost{}", kinds(Class::is_lost)),
+        limit: "0".into(),
+        pass: Some(lost == 0),
+    });
     let gw_count = counted(&end);
     checks.push(Check {
         name: "infergate_requests_total",
@@ -496,6 +553,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         .and_then(|last| Some((last.cpu_seconds? - idle.cpu_seconds?) / last.t));
     let summary = summary(&SummaryInput {
         args: &args,
+        commit: &commit,
         cpu,
         timeline: &timeline,
         stats: &stats,
@@ -511,6 +569,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     println!("\n{summary}");
     std::fs::write(dir.join("summary.md"), &summary)?;
     std::fs::write(dir.join("samples.csv"), samples_csv(&samples))?;
+    let failures = std::mem::take(&mut *shared.failures.lock().unwrap());
+    let lines: String = failures.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(dir.join("failures.jsonl"), lines)?;
     println!(
         "soak: {} (logs in {})",
         if passed { "PASS" } else { "FAIL" },
@@ -546,13 +607,100 @@ mod tests {
         let quick = Timeline::new(3.0);
         assert_eq!(quick.baseline(), (60.0, 90.0));
         assert_eq!(quick.last(), (150.0, 180.0));
-        let schedule = fault_schedule(&quick, 4);
-        let kills = schedule
-            .iter()
-            .filter(|(_, f)| matches!(f, Fault::Kill { .. }))
-            .count();
-        assert_eq!(kills, 6);
-        assert!(schedule.iter().all(|(at, _)| *at < quick.traffic));
+        for (timeline, period) in [(t, 120), (quick, 12)] {
+            for replicas in [3, 4] {
+                let schedule = fault_schedule(&timeline, replicas);
+                let kills: Vec<Duration> = schedule
+                    .iter()
+                    .filter(|(_, f)| matches!(f, Fault::Kill { .. }))
+                    .map(|(at, _)| *at)
+                    .collect();
+                assert_eq!(kills.len(), 15, "a kill every {period} s");
+                assert!(
+                    kills
+                        .windows(2)
+                        .all(|w| w[1] - w[0] == Duration::from_secs(period))
+                );
+                let restarts = schedule
+                    .iter()
+                    .filter(|(_, f)| matches!(f, Fault::Restart { .. }))
+                    .count();
+                assert_eq!(restarts, 15);
+                assert!(schedule.iter().all(|(at, _)| *at < timeline.traffic));
+                assert_no_fault_on_a_dead_replica(&schedule, replicas);
+            }
+        }
+    }
+
+    /// No metrics fault or slowdown is set on a replica that is down.
+    fn assert_no_fault_on_a_dead_replica(schedule: &[(Duration, Fault)], replicas: usize) {
+        let mut down = vec![false; replicas];
+        for (at, fault) in schedule {
+            match *fault {
+                Fault::Kill { replica } => down[replica] = true,
+                Fault::Restart { replica } => down[replica] = false,
+                Fault::Metrics { replica, .. } | Fault::Slowdown { replica, .. } => {
+                    assert!(!down[replica], "{fault:?} at {at:?} on a dead replica");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn judges_streams() {
+        let stream = |events: &[&str]| {
+            let mut seen = Seen::default();
+            for e in events {
+                seen.event(e.as_bytes());
+            }
+            seen
+        };
+        let chunk = |id: &str, text: &str, finish: &str| {
+            format!(
+                r#"{{"id":"{id}","choices":[{{"index":0,"delta":{{"content":"{text}"}},"finish_reason":{finish}}}],"usage":null}}"#
+            )
+        };
+        let usage = |n: u64| {
+            format!(
+                r#"{{"id":"a","choices":[],"usage":{{"prompt_tokens":5,"completion_tokens":{n}}}}}"#
+            )
+        };
+        let (one, two, end) = (
+            chunk("a", "x", "null"),
+            chunk("a", " y", "null"),
+            chunk("a", "", r#""stop""#),
+        );
+        let whole = stream(&[&one, &two, &end, &usage(2), "[DONE]"]);
+        assert_eq!(whole.judge(true), Class::Complete);
+        assert_eq!(whole.judge(false), Class::NotWhole(Defect::Usage));
+        let miscounted = stream(&[&one, &two, &end, &usage(3), "[DONE]"]);
+        assert_eq!(miscounted.judge(true), Class::NotWhole(Defect::UsageCount));
+        let other_id = chunk("b", " z", "null");
+        let ids = stream(&[&one, &other_id, &end, "[DONE]"]);
+        assert_eq!(ids.judge(false), Class::NotWhole(Defect::Ids));
+        let no_done = stream(&[&one, &two]);
+        assert_eq!(no_done.judge(false), Class::Cut(Cut::NoDone));
+        let no_finish = stream(&[&one, "[DONE]"]);
+        assert_eq!(no_finish.judge(false), Class::Cut(Cut::NoFinish));
+        let error = stream(&[
+            &one,
+            r#"{"error":{"message":"gone","code":"upstream_failed"}}"#,
+        ]);
+        assert_eq!(error.judge(false), Class::Cut(Cut::ErrorEvent));
+        assert_eq!(error.errors, ["gone"]);
+    }
+
+    #[test]
+    fn parses_migrations() {
+        let text = "infergate_migrations_total{pool=\"soak\",reason=\"broken\",outcome=\"continued\"} 3\n\
+            infergate_migrations_total{pool=\"soak\",reason=\"broken\",outcome=\"failed\"} 1\n\
+            infergate_migrations_total{pool=\"soak\",reason=\"stalled\",outcome=\"continued\"} 0\n";
+        let m = GatewayMetrics::parse(text);
+        assert_eq!(
+            migrations_line(Some(&m.migrations)),
+            "broken: 3 continued, 1 failed"
+        );
+        assert_eq!(migrations_line(Some(&BTreeMap::new())), "none");
     }
 
     #[test]

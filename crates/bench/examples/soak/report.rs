@@ -36,15 +36,63 @@ pub(crate) fn mib(v: Option<f64>) -> String {
     v.map_or("n/a".into(), |v| format!("{v:.1} MiB"))
 }
 
+/// The checkout's commit, `-dirty` with changes not committed.
+pub(crate) fn commit() -> String {
+    std::process::Command::new("git")
+        .args([
+            "describe",
+            "--always",
+            "--dirty",
+            "--match",
+            "no tag matches",
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `infergate_migrations_total` as `reason: n outcome, …; …`, e.g.
+/// `broken: 12 continued, 1 completed`; `none` before any.
+pub(crate) fn migrations_line(migrations: Option<&BTreeMap<(String, String), f64>>) -> String {
+    let Some(migrations) = migrations else {
+        return "n/a".into();
+    };
+    let mut by_reason: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for ((reason, outcome), n) in migrations {
+        if *n > 0.0 {
+            by_reason
+                .entry(reason)
+                .or_default()
+                .push(format!("{n:.0} {outcome}"));
+        }
+    }
+    if by_reason.is_empty() {
+        return "none".into();
+    }
+    by_reason
+        .iter()
+        .map(|(reason, outcomes)| format!("{reason}: {}", outcomes.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// One line a minute.
 pub(crate) fn minute_line(shared: &Shared, sample: &Sample) -> String {
     let (line, mut minute) = {
         let mut stats = shared.stats.lock().unwrap();
         let line = format!(
-            "sent {} ok {} left {} {} inflight {}",
+            "sent {} ok {} left {} streams {} whole {} cut {} not-whole {} lost {} | {} inflight {}",
             stats.sent,
             stats.count(|c| c == Class::Complete),
             stats.count(|c| c == Class::Left),
+            stats.streams_sent,
+            stats.streams_whole,
+            stats.count(Class::is_cut),
+            stats.count(Class::is_not_whole),
+            stats.count(Class::is_lost),
             stats.errors_line(),
             shared.in_flight.load(Ordering::Relaxed),
         );
@@ -53,8 +101,9 @@ pub(crate) fn minute_line(shared: &Shared, sample: &Sample) -> String {
     minute.sort_by(f64::total_cmp);
     let slow = shared.slow.lock().unwrap();
     format!(
-        "{}  {line} | p50 {} p99 {} | rss {} fds {} conns {} (kernel {}) tasks {} | gw reqs {} | slowloris open {}",
+        "{}  {line} | moved {} | p50 {} p99 {} | rss {} fds {} conns {} (kernel {}) tasks {} | gw reqs {} | slowloris open {}",
         clock(Duration::from_secs_f64(sample.t)),
+        migrations_line(sample.migrations()),
         ms(percentile(&minute, 0.5)),
         ms(percentile(&minute, 0.99)),
         mib(sample.rss_mib),
@@ -69,13 +118,15 @@ pub(crate) fn minute_line(shared: &Shared, sample: &Sample) -> String {
 
 pub(crate) fn samples_csv(samples: &[Sample]) -> String {
     let mut out = String::from(
-        "t_s,rss_mib,fds,cpu_s,client_connections,kernel_sockets,alive_tasks,gateway_requests,sent,complete,errors,in_flight\n",
+        "t_s,rss_mib,fds,cpu_s,client_connections,kernel_sockets,alive_tasks,gateway_requests,\
+         migrations,sent,complete,errors,in_flight,streams_cut,lost\n",
     );
     let cell = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.2}"));
     for s in samples {
+        let migrations = s.migrations().map(|m| m.values().sum::<f64>());
         let _ = writeln!(
             out,
-            "{:.1},{},{},{},{},{},{},{},{},{},{},{}",
+            "{:.1},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             s.t,
             cell(s.rss_mib),
             cell(s.fds),
@@ -84,10 +135,13 @@ pub(crate) fn samples_csv(samples: &[Sample]) -> String {
             cell(s.sockets),
             cell(s.tasks()),
             cell(s.requests()),
+            cell(migrations),
             s.client[0],
             s.client[1],
             s.client[2],
             s.client[3],
+            s.client[4],
+            s.client[5],
         );
     }
     out
@@ -171,6 +225,7 @@ pub(crate) struct SummaryInput<'a> {
     pub(crate) cpu: Option<f64>,
     pub(crate) timeline: &'a Timeline,
     pub(crate) stats: &'a Stats,
+    pub(crate) commit: &'a str,
     pub(crate) slow: &'a [SlowKind; 2],
     pub(crate) faults: &'a FaultLog,
     pub(crate) end: &'a Sample,
@@ -192,8 +247,8 @@ pub(crate) fn summary(s: &SummaryInput<'_>) -> String {
     let _ = writeln!(
         out,
         "Soak: `scripts/soak --minutes {} --rate {} --seed {}`: {} simulated H100 replicas \
-         (time scale {}), the gateway with its default config.\n",
-        a.minutes, a.rate, a.seed, a.replicas, a.time_scale
+         (time scale {}), the gateway with its default config (continuation on); commit {}.\n",
+        a.minutes, a.rate, a.seed, a.replicas, a.time_scale, s.commit
     );
     out.push_str("| run | |\n|---|---|\n");
     let complete = stats.count(|c| c == Class::Complete);
@@ -203,6 +258,45 @@ pub(crate) fn summary(s: &SummaryInput<'_>) -> String {
         stats.sent,
         stats.count(|c| c == Class::Left),
         stats.errors_line().replacen("err", "errors", 1),
+    );
+    let _ = writeln!(
+        out,
+        "| streams | {} streamed ({:.0} % of requests; {} with include_usage): {} whole, \
+         {} left on purpose, {} cut, {} not whole |",
+        stats.streams_sent,
+        stats.streams_sent as f64 * 100.0 / (stats.sent.max(1)) as f64,
+        stats.streams_usage,
+        stats.streams_whole,
+        stats.count(|c| c == Class::Left),
+        stats.count(Class::is_cut),
+        stats.count(Class::is_not_whole),
+    );
+    let messages = |map: &BTreeMap<String, u64>| {
+        if map.is_empty() {
+            "none".to_owned()
+        } else {
+            map.iter()
+                .map(|(m, n)| format!("{n} × “{}”", m.replace('|', "/")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
+    };
+    let _ = writeln!(
+        out,
+        "| error events in streams | {} |",
+        messages(&stats.error_events)
+    );
+    let _ = writeln!(
+        out,
+        "| error answers | {} |",
+        messages(&stats.error_statuses)
+    );
+    let migrations = s.end.migrations();
+    let total: f64 = migrations.map_or(0.0, |m| m.values().sum());
+    let _ = writeln!(
+        out,
+        "| continuations (`infergate_migrations_total`) | {total:.0}: {} |",
+        migrations_line(migrations)
     );
     let _ = writeln!(
         out,
@@ -232,10 +326,9 @@ pub(crate) fn summary(s: &SummaryInput<'_>) -> String {
     let f = s.faults;
     let _ = writeln!(
         out,
-        "| faults | {} replica kills ({} via /admin/crash), {} restarts; {} /metrics faults ({}); \
+        "| faults | {} replicas SIGKILLed, {} restarted; {} /metrics faults ({}); \
          {} slowdowns ×{SLOWDOWN}; {} failed |",
-        f.kills_admin + f.kills_sigkill,
-        f.kills_admin,
+        f.kills,
         f.restarts,
         f.metrics.len(),
         f.metrics.join(", "),
