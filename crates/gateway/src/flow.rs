@@ -120,6 +120,12 @@ pub struct OwnedPick {
     /// What the replicas' KV-cache events say they hold of the prompt,
     /// for a pool that follows them.
     pub exact_prefix: Option<Arc<dyn picker::ExactPrefix>>,
+    /// Estimated prompt tokens, and the completion's expected length (0:
+    /// unknown), for the latency predictions.
+    pub prompt_tokens: u64,
+    pub expected_output_tokens: u64,
+    /// The request's latency objectives.
+    pub slo: Option<picker::Slo>,
 }
 
 impl OwnedPick {
@@ -133,6 +139,9 @@ impl OwnedPick {
             session: self.session,
             queue_share: self.queue_share,
             exact_prefix: self.exact_prefix.as_deref(),
+            prompt_tokens: self.prompt_tokens,
+            expected_output_tokens: self.expected_output_tokens,
+            slo: self.slo,
         }
     }
 }

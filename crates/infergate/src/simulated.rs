@@ -452,7 +452,7 @@ mod tests {
     /// simulator knows them.
     #[test]
     fn the_config_reference_lists_what_the_simulator_knows() {
-        let mut gpus = String::from("| name | GPU |\n|---|---|\n");
+        let mut gpus = String::from("| name | hardware |\n|---|---|\n");
         for name in sim::engine::hardware_names() {
             let gpu = sim::engine::hardware(name).unwrap();
             gpus += &format!("| `{name}` | {} |\n", gpu.display_name);

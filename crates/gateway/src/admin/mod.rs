@@ -275,6 +275,9 @@ fn typical_scores(pool: &Pool, now: Instant) -> Typical {
         session: None,
         queue_share: None,
         exact_prefix: None,
+        prompt_tokens: TYPICAL_TOKENS,
+        expected_output_tokens: 0,
+        slo: None,
     };
     match picker.pick(&request, now, &[], &mut rand::thread_rng()) {
         Ok(decision) => Typical {

@@ -167,6 +167,9 @@ impl Runtime {
             session: None,
             queue_share: None,
             exact_prefix: None,
+            prompt_tokens: request.prompt_tokens,
+            expected_output_tokens: request.max_output.unwrap_or(0),
+            slo: None,
         }
     }
 

@@ -525,6 +525,7 @@ mod tests {
             scores,
             estimated_tokens: 1,
             prefix_source: picker::PrefixSource::Approximate,
+            latency: None,
         };
         let mut pending = Pending {
             feed: Arc::clone(&feed),
