@@ -17,14 +17,17 @@ pub enum DropReason {
     WaitExpired,
     NoReplicas,
     Saturated,
+    /// No replica is predicted to meet the request's latency objectives.
+    SloUnmet,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 4] = [
+    pub const ALL: [DropReason; 5] = [
         DropReason::QueueFull,
         DropReason::WaitExpired,
         DropReason::NoReplicas,
         DropReason::Saturated,
+        DropReason::SloUnmet,
     ];
 
     /// The reason a `x-infergate-dropped-reason` value names.
@@ -38,6 +41,7 @@ impl DropReason {
             DropReason::WaitExpired => "wait-expired",
             DropReason::NoReplicas => "no-replicas",
             DropReason::Saturated => "saturated",
+            DropReason::SloUnmet => "slo-unmet",
         }
     }
 }
@@ -270,6 +274,25 @@ impl ApiError {
                 "rate_limit_error",
                 format!(
                     "Every replica of pool `{pool}` is saturated; retry after {} ms.",
+                    retry_after.as_millis()
+                ),
+            )
+        }
+    }
+
+    /// A sheddable request no replica is predicted to serve within its
+    /// latency objectives: refused before any work is spent on it.
+    pub fn slo_unmet(pool: &str, best: &picker::LatencyPrediction, retry_after: Duration) -> Self {
+        Self {
+            code: Some("slo_unmet"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "No replica of pool `{pool}` is predicted to meet the request's latency objectives (the best: time to first token {:.0} ms, {:.1} ms per token); retry after {} ms.",
+                    best.ttft * 1e3,
+                    best.itl * 1e3,
                     retry_after.as_millis()
                 ),
             )

@@ -310,6 +310,29 @@ impl Admission {
         if !line_ahead {
             match self.pick_now(&pick.as_request(), tried) {
                 Ok(admitted) => return Ok(admitted),
+                // No replica is predicted to meet the request's
+                // objectives: its band decides. Critical work goes to the
+                // best replica anyway; standard work waits for one that
+                // can meet them; sheddable work is refused before anything
+                // is spent on it.
+                Err(PickError::SloUnmet { retry_after, best }) => match ticket.band {
+                    Priority::Critical => {
+                        pick.slo = None;
+                        return self.pick_now(&pick.as_request(), tried).map_err(|e| {
+                            self.refuse(
+                                DropReason::NoReplicas,
+                                ApiError::no_replicas(pool_name, &e.to_string()),
+                            )
+                        });
+                    }
+                    Priority::Standard => {}
+                    Priority::Sheddable => {
+                        return Err(self.refuse(
+                            DropReason::SloUnmet,
+                            ApiError::slo_unmet(pool_name, &best, retry_after),
+                        ));
+                    }
+                },
                 Err(PickError::Saturated { retry_after, .. }) => {
                     if ticket.max_wait.is_zero() {
                         return Err(self.refuse(

@@ -529,6 +529,7 @@ async fn admit(
     let adapter = route.adapter.as_deref();
     let mut pick = runtime.pick_request(request, adapter, explain);
     pick.session = session;
+    pick.slo = objectives(&received.headers)?;
     // A pool that follows its engines' KV-cache events matches the prompt
     // against what they hold; else (or when it cannot) the picker guesses.
     pick.exact_prefix = runtime
@@ -554,6 +555,36 @@ async fn admit(
         }
     }
 }
+
+/// The request's latency objectives, from `x-infergate-slo-ttft-ms`
+/// (time to first token) and `x-infergate-slo-itl-ms` (time per output
+/// token): replicas predicted to miss them are avoided (docs/picker.md).
+fn objectives(headers: &HeaderMap) -> Result<Option<picker::Slo>, ApiError> {
+    let millis = |name: &str| -> Result<Option<std::time::Duration>, ApiError> {
+        let Some(value) = headers.get(name) else {
+            return Ok(None);
+        };
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms < 1e9)
+            .map(|ms| Some(std::time::Duration::from_secs_f64(ms / 1e3)))
+            .ok_or_else(|| {
+                ApiError::invalid_request(format!(
+                    "{name} must be a positive number of milliseconds"
+                ))
+            })
+    };
+    let slo = picker::Slo {
+        ttft: millis(SLO_TTFT_HEADER)?,
+        itl: millis(SLO_ITL_HEADER)?,
+    };
+    Ok((slo.ttft.is_some() || slo.itl.is_some()).then_some(slo))
+}
+
+const SLO_TTFT_HEADER: &str = "x-infergate-slo-ttft-ms";
+const SLO_ITL_HEADER: &str = "x-infergate-slo-itl-ms";
 
 /// Once admitted, a sampled copy for a mirror, sent off this task: the
 /// client never waits for it. A mirror that keeps the model gets the body

@@ -154,6 +154,9 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "inflightUnanswered": e.load.unanswered(),
                 "prefixIndexBlocks": prefix_index.blocks_held(e.index),
                 "prefixSource": prefix_source(&events, e.index),
+                // The replica's learned latency model: its fit, its recent
+                // error and whether the predicted policy trusts it.
+                "latencyModel": serde_json::to_value(e.latency().summary()).ok(),
                 "kvEvents": events
                     .iter()
                     .filter(|p| p.id.replica == e.index as u64)

@@ -57,6 +57,9 @@ pub struct Record {
     retries: u32,
     /// Winner's and runner-up's scores, when the pool scores replicas.
     decision: Option<TopScores>,
+    /// What the picker knew of the chosen replica, and what it predicted,
+    /// for the replica's latency model to learn from the answer.
+    latency: Option<(picker::LatencyFeatures, Option<picker::LatencyPrediction>)>,
     /// Which index scored the chosen replica's prefix affinity.
     prefix_source: Option<picker::PrefixSource>,
     /// Flow-control band of the request, once admission has judged it.
@@ -146,6 +149,7 @@ impl Record {
             answering: None,
             events: 0,
             moves: Vec::new(),
+            latency: None,
         }
     }
 
@@ -222,6 +226,7 @@ impl Record {
     pub fn picked(&mut self, decision: &Decision) {
         self.endpoint = Some(decision.endpoint.addr.clone());
         self.decision = decision.top;
+        self.latency = decision.latency;
         self.prefix_source = decision.top.map(|_| decision.prefix_source);
         if let Some(feed) = &mut self.feed {
             feed.picked(decision);
@@ -371,11 +376,14 @@ impl Record {
             }
         }
         self.usage = meter.usage();
-        self.measure_speed();
+        let streamed = meter.is_sse();
+        self.measure_speed(streamed);
     }
 
-    /// Tell the picker how fast the replica answered.
-    fn measure_speed(&self) {
+    /// Tell the picker how fast the replica answered: its speed, and, for
+    /// a stream that stayed on the replica it was picked for, the TTFT
+    /// and time per output token its latency model learns from.
+    fn measure_speed(&self, streamed: bool) {
         let Some((replica, sent)) = &self.answering else {
             return;
         };
@@ -384,6 +392,16 @@ impl Record {
             .and_then(|u| u.completion_tokens)
             .unwrap_or(self.events);
         replica.observe_answer(sent.elapsed().as_secs_f64(), tokens);
+        let (Some((features, _)), Some(ttft)) = (&self.latency, self.ttft) else {
+            return;
+        };
+        if !streamed || !self.moves.is_empty() || tokens < 2 {
+            return;
+        }
+        let first_token = self.start + ttft;
+        let ttft = first_token.saturating_duration_since(*sent).as_secs_f64();
+        let itl = first_token.elapsed().as_secs_f64() / (tokens - 1) as f64;
+        replica.latency().observe(features, Some(ttft), Some(itl));
     }
 }
 

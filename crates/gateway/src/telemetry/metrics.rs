@@ -140,6 +140,12 @@ struct PrefixSourceLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    pool: Name,
+    policy: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MigrationLabels {
     pool: Name,
     reason: &'static str,
@@ -168,6 +174,7 @@ struct Families {
     pick_duration: HistogramFamily<PoolLabels>,
     pick_fallbacks: Family<PoolLabels, Counter>,
     prefix_sources: Family<PrefixSourceLabels, Counter>,
+    picks_by: Family<PolicyLabels, Counter>,
     migrations: Family<MigrationLabels, Counter>,
     migrating: Family<PoolLabels, Gauge>,
     prefix_unmatched: Family<PrefixUnmatchedLabels, Counter>,
@@ -207,6 +214,7 @@ impl Families {
             pick_duration: Family::new_with_constructor(pick_histogram),
             pick_fallbacks: Family::default(),
             prefix_sources: Family::default(),
+            picks_by: Family::default(),
             migrations: Family::default(),
             migrating: Family::default(),
             prefix_unmatched: Family::default(),
@@ -301,6 +309,11 @@ impl Families {
             "infergate_prefix_source",
             "Picks whose chosen replica's prefix affinity was scored by the engines' KV-cache events or by the gateway's guess",
             f.prefix_sources.clone(),
+        );
+        registry.register(
+            "infergate_picks_by_policy",
+            "Picks by the policy that decided them: under the predicted policy, `predicted` where the latency predictions (or exploring an unmeasured replica) chose, `scored` where it fell back to the weighted scores",
+            f.picks_by.clone(),
         );
         registry.register(
             "infergate_migrations",
@@ -629,7 +642,16 @@ impl Metrics {
                 })
                 .clone()
         });
+        let picks_by = picker::Policy::ALL.map(|policy| {
+            f.picks_by
+                .get_or_create(&PolicyLabels {
+                    pool: pool.clone(),
+                    policy: policy.name(),
+                })
+                .clone()
+        });
         PoolMetrics {
+            picks_by,
             pick_fallbacks: f
                 .pick_fallbacks
                 .get_or_create(&PoolLabels { pool: pool.clone() })
@@ -718,6 +740,8 @@ pub struct PoolMetrics {
     /// Picks by the source that scored the winner's prefix, approximate
     /// then events.
     prefix_sources: [Counter; 2],
+    /// Picks by the policy that decided, in [`picker::Policy::ALL`]'s order.
+    picks_by: [Counter; picker::Policy::ALL.len()],
 }
 
 /// Counts one answer in `infergate_migrating` while it lives.
@@ -773,6 +797,12 @@ impl PoolMetrics {
             picker::PrefixSource::Events => 1,
         };
         self.prefix_sources[source].inc();
+        if let Some(i) = picker::Policy::ALL
+            .iter()
+            .position(|p| *p == decision.policy)
+        {
+            self.picks_by[i].inc();
+        }
         let endpoint = &*decision.endpoint;
         match self.endpoints.get(endpoint.index) {
             Some(m) if m.addr.as_str() == &*endpoint.addr => {

@@ -35,6 +35,7 @@ mod load_summary;
 mod mixed_fleet;
 mod observability;
 mod picking;
+mod predicted;
 mod prefix_events;
 mod proxy;
 mod reload;
