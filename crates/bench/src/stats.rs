@@ -83,7 +83,8 @@ impl Refusal {
             Some(DropReason::Saturated) => Refusal::Saturated,
             Some(DropReason::QueueFull) => Refusal::QueueFull,
             Some(DropReason::WaitExpired) => Refusal::WaitExpired,
-            Some(DropReason::NoReplicas) | None => Refusal::Other,
+            Some(DropReason::NoReplicas | DropReason::SloUnmet | DropReason::ColdStartTimeout)
+            | None => Refusal::Other,
         }
     }
 }

@@ -50,6 +50,11 @@ pub const CONTINUATION_MAX_TEXT_BYTES: u64 = 256 * 1024;
 /// `drain.deadline`: within Kubernetes' default grace of 30 s, so a
 /// terminating replica's answers move before it is killed.
 pub const REPLICA_DRAIN_DEADLINE: Duration = Duration::from_secs(20);
+/// `coldStart.timeout`: of the order of a large model's load time (weights
+/// read from a network volume, CUDA graphs captured).
+pub const COLD_START_TIMEOUT: Duration = Duration::from_secs(300);
+/// Attempts at calling a `coldStart.wake.webhook` per cold start.
+pub const WAKE_WEBHOOK_ATTEMPTS: u32 = 3;
 /// `scheduling.metrics.interval`.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
 /// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.

@@ -558,6 +558,41 @@ pub struct Pool {
     /// How a replica leaves the pool without cutting its streams.
     #[serde(default)]
     pub drain: ReplicaDrain,
+    /// What requests do while the pool has no ready replica.
+    #[serde(default)]
+    pub cold_start: ColdStart,
+}
+
+/// A pool with no ready replica (none yet, all scaled away, all starting)
+/// is cold: requests wait in flow control for its first ready replica, and
+/// the gateway may wake it.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ColdStart {
+    /// How long a request waits for a cold pool; past it, 503 with
+    /// `Retry-After`. `0s` refuses at once.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub timeout: Option<Duration>,
+    /// What to call when a request finds the pool cold.
+    #[serde(default)]
+    pub wake: Option<Wake>,
+}
+
+impl ColdStart {
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(defaults::COLD_START_TIMEOUT)
+    }
+}
+
+/// How a cold pool is woken, once per cold start: a URL the gateway POSTs
+/// `{"pool": NAME}` to (a VM group, a cloud autoscaler), with a bounded
+/// retry.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Wake {
+    /// `http://` or `https://` URL.
+    pub webhook: String,
 }
 
 /// Mid-stream continuation: a broken generation is sent on to another

@@ -19,15 +19,19 @@ pub enum DropReason {
     Saturated,
     /// No replica is predicted to meet the request's latency objectives.
     SloUnmet,
+    /// The pool stayed cold (no ready replica) for as long as requests
+    /// wait for it.
+    ColdStartTimeout,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 5] = [
+    pub const ALL: [DropReason; 6] = [
         DropReason::QueueFull,
         DropReason::WaitExpired,
         DropReason::NoReplicas,
         DropReason::Saturated,
         DropReason::SloUnmet,
+        DropReason::ColdStartTimeout,
     ];
 
     /// The reason a `x-infergate-dropped-reason` value names.
@@ -42,6 +46,7 @@ impl DropReason {
             DropReason::NoReplicas => "no-replicas",
             DropReason::Saturated => "saturated",
             DropReason::SloUnmet => "slo-unmet",
+            DropReason::ColdStartTimeout => "cold-start-timeout",
         }
     }
 }
@@ -320,6 +325,22 @@ impl ApiError {
                 "rate_limit_error",
                 format!(
                     "Pool `{pool}` stayed saturated for the {} s this request may wait.",
+                    waited.as_secs_f64()
+                ),
+            )
+        }
+    }
+
+    /// The pool had no ready replica for as long as the request waited.
+    pub fn cold_start_timeout(pool: &str, waited: Duration, retry_after: Duration) -> Self {
+        Self {
+            code: Some("cold_start_timeout"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                format!(
+                    "Pool `{pool}` had no ready replica for the {} s this request may wait for one; it may still be starting.",
                     waited.as_secs_f64()
                 ),
             )

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use config::Priority;
@@ -24,6 +24,7 @@ use tokio::sync::{Notify, oneshot};
 
 use crate::auth::Identity;
 use crate::error::{ApiError, DropReason};
+use crate::telemetry::ColdStats;
 
 pub const PRIORITY_HEADER: &str = "x-infergate-priority";
 pub const FAIRNESS_HEADER: &str = "x-infergate-fairness-id";
@@ -186,6 +187,25 @@ struct Waiter {
     since: Instant,
 }
 
+/// What requests do while the pool has no ready replica (config
+/// `coldStart`).
+#[derive(Debug, Clone, Default)]
+pub struct ColdStart {
+    /// How long a request waits for a cold pool; zero refuses at once.
+    pub timeout: Duration,
+    /// POSTed `{"pool": NAME}` once per cold start.
+    pub webhook: Option<Arc<str>>,
+}
+
+impl ColdStart {
+    pub fn new(spec: &config::ColdStart) -> Self {
+        Self {
+            timeout: spec.timeout(),
+            webhook: spec.wake.as_ref().map(|w| Arc::from(w.webhook.as_str())),
+        }
+    }
+}
+
 /// Counters for the observability stage.
 #[derive(Debug, Default)]
 pub struct FlowStats {
@@ -209,6 +229,14 @@ pub struct Admission {
     wake: Notify,
     pick_duration: Histogram,
     stats: FlowStats,
+    cold: arc_swap::ArcSwap<ColdStart>,
+    /// A wake-up was asked for since the pool last had a ready replica.
+    woken: AtomicBool,
+    cold_waiting: AtomicUsize,
+    cold_starts: AtomicU64,
+    /// When the last request arrived, in ms since `epoch` plus one (0:
+    /// never).
+    last_request: AtomicU64,
 }
 
 impl crate::telemetry::FlowGauges for Admission {
@@ -220,6 +248,17 @@ impl crate::telemetry::FlowGauges for Admission {
     }
     fn abandoned(&self) -> u64 {
         self.stats.abandoned.load(Ordering::Relaxed)
+    }
+    fn cold(&self) -> ColdStats {
+        let last = self.last_request.load(Ordering::Relaxed);
+        ColdStats {
+            waiting: self.cold_waiting.load(Ordering::Relaxed),
+            starts: self.cold_starts.load(Ordering::Relaxed),
+            idle_seconds: (last > 0).then(|| {
+                let now = self.epoch.elapsed().as_millis() as u64 + 1;
+                now.saturating_sub(last) as f64 / 1e3
+            }),
+        }
     }
 }
 
@@ -236,7 +275,50 @@ impl Admission {
             epoch: Instant::now(),
             wake: Notify::new(),
             stats: FlowStats::default(),
+            cold: arc_swap::ArcSwap::from_pointee(ColdStart::default()),
+            woken: AtomicBool::new(false),
+            cold_waiting: AtomicUsize::new(0),
+            cold_starts: AtomicU64::new(0),
+            last_request: AtomicU64::new(0),
         })
+    }
+
+    /// Apply a generation's `coldStart` settings.
+    pub fn set_cold_start(&self, cold: ColdStart) {
+        self.cold.store(Arc::new(cold));
+    }
+
+    /// How long requests wait for the pool while it has no ready replica
+    /// (reachable and not draining); `None` while it has one, or when
+    /// requests do not wait for a cold pool.
+    fn cold_wait(&self) -> Option<Duration> {
+        let timeout = self.cold.load().timeout;
+        let warm = self
+            .picker
+            .endpoints()
+            .iter()
+            .any(|e| e.is_reachable() && !e.draining());
+        (!warm && !timeout.is_zero()).then_some(timeout)
+    }
+
+    /// Wake the cold pool, once per cold start: the pool's webhook is
+    /// called in the background, with a bounded retry. Without one, an
+    /// external autoscaler brings the replicas (reading the metrics).
+    fn wake_cold_pool(&self, pool_name: &str) {
+        if self.woken.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.cold_starts.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            pool = pool_name,
+            "requests wait for the pool's first ready replica"
+        );
+        if let Some(url) = self.cold.load().webhook.clone() {
+            tokio::spawn(crate::generation::wake::call_webhook(
+                Arc::from(pool_name),
+                url,
+            ));
+        }
     }
 
     /// Waiting requests and their bytes in `band`.
@@ -280,6 +362,10 @@ impl Admission {
             .pick(pick, started, tried, &mut rand::thread_rng());
         self.pick_duration.observe(started.elapsed().as_secs_f64());
         let decision = picked?;
+        // The pool has a ready replica: a later cold start wakes it again.
+        if self.woken.load(Ordering::Relaxed) {
+            self.woken.store(false, Ordering::Relaxed);
+        }
         let load = decision.acquire();
         self.picker.record(decision.index(), pick.prefix_hashes);
         Ok(Admitted {
@@ -304,6 +390,10 @@ impl Admission {
         tried: &[usize],
     ) -> Result<Admitted, ApiError> {
         pick.queue_share = self.queue_share(ticket);
+        self.last_request.store(
+            self.epoch.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
         let line_ahead = self.waiting[..=ticket.band as usize]
             .iter()
             .any(|w| w.load(Ordering::Relaxed) > 0);
@@ -341,6 +431,8 @@ impl Admission {
                         ));
                     }
                 }
+                // A cold pool: wait in line for its first ready replica.
+                Err(_) if self.cold_wait().is_some() => {}
                 Err(e) => {
                     return Err(self.refuse(
                         DropReason::NoReplicas,
@@ -361,7 +453,14 @@ impl Admission {
         pick: OwnedPick,
         tried: Vec<usize>,
     ) -> Result<Admitted, ApiError> {
-        let max_wait = ticket.max_wait;
+        // A cold pool's requests, of every band, wait for its first ready
+        // replica as long as its cold start may take.
+        let cold = self.cold_wait();
+        let max_wait = cold.unwrap_or(ticket.max_wait);
+        let _cold_waiting = cold.map(|_| {
+            self.wake_cold_pool(pool_name);
+            ColdWaiting::new(&self.cold_waiting)
+        });
         if max_wait.is_zero() {
             // A band that never waits cannot overtake the line either.
             return Err(self.refuse(
@@ -412,6 +511,16 @@ impl Admission {
             Ok(Err(_)) => Err(ApiError::shutting_down()),
             Err(_elapsed) => {
                 drop(place);
+                if cold.is_some() && self.cold_wait().is_some() {
+                    return Err(self.refuse(
+                        DropReason::ColdStartTimeout,
+                        ApiError::cold_start_timeout(
+                            pool_name,
+                            max_wait,
+                            self.retry_after_estimate(),
+                        ),
+                    ));
+                }
                 let usable = self
                     .picker
                     .endpoints()
@@ -504,6 +613,22 @@ impl Admission {
                 let _ = waiter.tx.send(admitted);
             }
         }
+    }
+}
+
+/// Counts one request in `cold_waiting` while it lives.
+struct ColdWaiting<'a>(&'a AtomicUsize);
+
+impl<'a> ColdWaiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for ColdWaiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -300,6 +300,7 @@ pub mod drain;
 pub mod pool;
 mod prefix_events;
 pub mod reload;
+pub mod wake;
 
 #[cfg(test)]
 mod tests;

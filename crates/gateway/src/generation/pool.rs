@@ -187,6 +187,8 @@ impl Runtime {
         tls: Option<PoolTls>,
     ) {
         self.picker.set_config(picker_config(spec));
+        self.admission
+            .set_cold_start(crate::flow::ColdStart::new(&spec.cold_start));
         let m = &spec.scheduling.metrics;
         let scrape = signals::ScrapeConfig {
             dialect: spec.engine,

@@ -26,6 +26,19 @@ pub trait FlowGauges: Send + Sync {
     fn dispatched(&self) -> u64;
     /// Waiting requests whose client left.
     fn abandoned(&self) -> u64;
+    /// The pool's cold starts and the requests waiting for one.
+    fn cold(&self) -> ColdStats;
+}
+
+/// A cold pool's figures, for the autoscaling metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ColdStats {
+    /// Requests waiting now for the pool's first ready replica.
+    pub waiting: usize,
+    /// Times a request found the pool cold and woke it.
+    pub starts: u64,
+    /// Seconds since the pool's last request; `None` before the first.
+    pub idle_seconds: Option<f64>,
 }
 
 /// What the gauges read of a pool's replicas that left it and still
@@ -108,6 +121,7 @@ struct PoolRow {
     queued: [(usize, u64); 3],
     dispatched: u64,
     abandoned: u64,
+    cold: ColdStats,
 }
 
 /// Every followed replica rank's stream, labelled by the replica's address.
@@ -262,9 +276,92 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             queued: Priority::ALL.map(|band| pool.admission.queued(band)),
             dispatched: pool.admission.dispatched(),
             abandoned: pool.admission.abandoned(),
+            cold: pool.admission.cold(),
         });
     }
     (rows, pool_rows)
+}
+
+/// The signals autoscalers read: the endpoint-picker ecosystem's names
+/// (label `name`, the pool), so KEDA and HPA recipes written for it work
+/// unchanged, each reported at zero replicas too; then infergate's own
+/// cold-start figures.
+fn encode_autoscaling(
+    e: &mut DescriptorEncoder,
+    pools: &[PoolRow],
+    rows: &[Row],
+) -> std::fmt::Result {
+    let name = |p: &PoolRow| vec![("name", p.pool.to_string())];
+    gauge(
+        e,
+        "inference_pool_ready_pods",
+        "Replicas of the pool that can take requests (as infergate_pool_ready_endpoints)",
+        pools,
+        name,
+        |p| Some(p.ready as i64),
+    )?;
+    gauge(
+        e,
+        "inference_pool_average_queue_size",
+        "Mean engine queue length over the pool's replicas with fresh metrics; 0 with none",
+        pools,
+        name,
+        |p| Some(p.waiting_avg.unwrap_or(0.0)),
+    )?;
+    gauge(
+        e,
+        "inference_pool_average_kv_cache_utilization",
+        "Mean KV cache usage over the pool's replicas with fresh metrics; 0 with none",
+        pools,
+        name,
+        |p| Some(p.kv_usage_avg.unwrap_or(0.0)),
+    )?;
+    gauge(
+        e,
+        "inference_pool_per_pod_queue_size",
+        "Each replica's engine queue length",
+        rows,
+        |r| {
+            vec![
+                ("name", r.pool.to_string()),
+                ("model_server_pod", r.endpoint.clone()),
+            ]
+        },
+        |r| r.waiting.map(|w| w as i64),
+    )?;
+    gauge(
+        e,
+        "inference_extension_flow_control_queue_size",
+        "Requests waiting in the gateway's flow control, every band",
+        pools,
+        name,
+        |p| Some(p.queued.iter().map(|(n, _)| *n as i64).sum::<i64>()),
+    )?;
+    gauge(
+        e,
+        "infergate_cold_waiting_requests",
+        "Requests waiting for the pool's first ready replica (the pool is cold)",
+        pools,
+        pool_labels,
+        |p| Some(p.cold.waiting as i64),
+    )?;
+    counter(
+        e,
+        "infergate_cold_starts",
+        "Times a request found the pool with no ready replica and woke it",
+        pools,
+        pool_labels,
+        |p| p.cold.starts,
+    )?;
+    gauge(
+        e,
+        "infergate_pool_idle_seconds",
+        "Seconds since the pool's last request, for scaling it down; absent before the first",
+        pools,
+        pool_labels,
+        |p| p.cold.idle_seconds,
+    )?;
+    Ok(())
 }
 
 /// Write one gauge family: `value` returns `None` to leave a series out
@@ -482,6 +579,7 @@ impl Collector for LiveGauges {
             pool_labels,
             |p| p.waiting_avg,
         )?;
+        encode_autoscaling(e, &pools, &rows)?;
         let bands: Vec<(&PoolRow, Priority)> = pools
             .iter()
             .flat_map(|p| Priority::ALL.map(|band| (p, band)))

@@ -36,7 +36,7 @@ mod test_writer;
 pub mod trace_context;
 pub mod traffic;
 
-pub use gauges::{DrainGauges, FlowGauges};
+pub use gauges::{ColdStats, DrainGauges, FlowGauges};
 pub use labels::TenantLabel;
 pub use logging::{
     ACCESS_TARGET, DEFAULT_FILTER, LogFormat, QUIET_ACCESS_FILTER, TelemetryGuard, init, log_layers,

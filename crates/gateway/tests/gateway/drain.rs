@@ -175,9 +175,10 @@ async fn a_drained_replica_gets_no_new_request_while_its_stream_finishes_there()
 async fn an_evacuated_replica_is_flagged_and_gets_no_new_request() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let b = FakeReplica::start("b", Behaviour::Echo).await;
-    let gw = Gateway::start(&config(ADMIN, &pool(&[&a, &b])))
-        .await
-        .unwrap();
+    // No cold wait: a pool with every replica drained refuses at once.
+    let addrs = [a.addr.to_string(), b.addr.to_string()];
+    let pool = plain_pool(&[&addrs[0], &addrs[1]], ", coldStart: {timeout: 0s}");
+    let gw = Gateway::start(&config(ADMIN, &pool)).await.unwrap();
     // Every pool that has the replica, without naming one.
     let path = format!("/admin/replicas/{}/drain", a.addr);
     let (status, answer) = admin(

@@ -341,11 +341,110 @@ async fn wait_expires_with_429_and_queue_full_is_refused() {
     assert!(value("infergate_queue_wait_seconds_sum") >= 0.6);
 }
 
+/// A pool in front of `addr`, scraped often, its `coldStart` settings
+/// `cold` (a YAML flow mapping's fields).
+fn cold_pool(addr: &str, cold: &str) -> config::InferenceGatewayConfig {
+    config(
+        "  admin: {address: \"127.0.0.1:0\"}\n",
+        &format!(
+            "    - {{name: p, models: [m], endpoints: [\"{addr}\"], scheduling: {{metrics: {{interval: 20ms}}}}, coldStart: {{{cold}}}}}\n"
+        ),
+    )
+}
+
+/// An address nothing listens on (yet).
+async fn free_addr() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// A cold pool (its one replica not started yet) holds requests of every
+/// band, wakes its webhook once, and answers every one of them, once,
+/// when the replica is ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
+    let addr = free_addr().await;
+    let hook = FakeReplica::start("hook", Behaviour::Echo).await;
+    let cold = format!(
+        "timeout: 60s, wake: {{webhook: \"http://{}/wake\"}}",
+        hook.addr
+    );
+    let gw = Gateway::start(&cold_pool(&addr.to_string(), &cold))
+        .await
+        .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    const REQUESTS: usize = 30;
+    let bands = [Some("critical"), None, Some("sheddable")];
+    let waiting: Vec<_> = (0..REQUESTS)
+        .map(|i| send(&gw, &format!("cold-{i}"), bands[i % 3], None))
+        .collect();
+    poll_until(
+        DEADLINE,
+        "every request waiting for the cold pool",
+        || async {
+            let m = scrape(&gw).await;
+            let n = m.value("infergate_cold_waiting_requests", &[("pool", "p")]);
+            if n == REQUESTS as f64 {
+                Ok(())
+            } else {
+                Err(format!("{n} waiting"))
+            }
+        },
+    )
+    .await;
+    let m = scrape(&gw).await;
+    assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 0.0);
+    assert_eq!(
+        m.value("infergate_cold_starts_total", &[("pool", "p")]),
+        1.0
+    );
+    poll_until(DEADLINE, "the webhook called", || async {
+        match hook.count() {
+            1 => Ok(()),
+            n => Err(format!("{n} calls")),
+        }
+    })
+    .await;
+    let replica = FakeReplica::start_at(addr, "a", Behaviour::Echo).await;
+    for resp in waiting {
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(replica.count(), REQUESTS, "each answered once");
+    assert_eq!(hook.count(), 1, "woken once");
+    let m = scrape(&gw).await;
+    assert_eq!(
+        m.value("infergate_cold_waiting_requests", &[("pool", "p")]),
+        0.0
+    );
+    assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 1.0);
+}
+
+/// A pool that stays cold past its timeout: 503, with `Retry-After` and
+/// the reason.
 #[tokio::test]
-async fn a_pool_with_no_reachable_replica_answers_503() {
+async fn a_pool_cold_past_its_timeout_answers_503_cold_start_timeout() {
+    let addr = free_addr().await;
+    let gw = Gateway::start(&cold_pool(&addr.to_string(), "timeout: 300ms"))
+        .await
+        .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    let resp = send(&gw, "late", None, None).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(dropped_reason(&resp), Some("cold-start-timeout"));
+    assert!(resp.headers().contains_key("retry-after"));
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "cold_start_timeout");
+}
+
+/// With `coldStart.timeout: 0s`, a pool with no reachable replica answers
+/// 503 at once.
+#[tokio::test]
+async fn a_pool_with_no_reachable_replica_and_no_cold_wait_answers_503() {
     let replica = FakeReplica::start("a", Behaviour::Echo).await;
-    let gw = Gateway::start(&saturable(&replica, "")).await.unwrap();
-    saturate(&gw, &replica).await;
+    let gw = Gateway::start(&cold_pool(&replica.addr.to_string(), "timeout: 0s"))
+        .await
+        .unwrap();
     replica.kill();
     debug_shows(&gw, "reachable", json!(false)).await;
     let resp = send(&gw, "s", None, None).await.unwrap();

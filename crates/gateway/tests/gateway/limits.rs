@@ -151,7 +151,11 @@ async fn tokens_are_settled_to_the_usage_the_replica_reports_redis() {
 #[tokio::test]
 async fn a_request_that_never_ran_is_not_charged() {
     let dead = closed_port().await;
-    let pools = plain_pool(&[&dead], ", retry: {maxRetries: 0}");
+    // No cold wait: the dead replica's pool refuses at once.
+    let pools = plain_pool(
+        &[&dead],
+        ", retry: {maxRetries: 0}, coldStart: {timeout: 0s}",
+    );
     let gw = Gateway::start(&config(
         "  rateLimits: {global: {requestsPerMinute: 1}}\n",
         &pools,

@@ -116,7 +116,7 @@ async fn fleet() -> Fleet {
         &format!(
             "    - {{name: llama, engine: vllm, models: [llama-8b], adapters: [sql-lora], endpoints: [\"{}\"], scheduling: {{metrics: {{interval: 20ms, staleAfter: 5s}}}}}}\n\
              \x20   - {{name: stream, engine: none, models: [qwen], endpoints: [\"{}\"], scheduling: {{policy: round-robin}}}}\n\
-             \x20   - {{name: dead, engine: none, models: [ghost], endpoints: [\"{dead}\"], retry: {{maxRetries: 0}}, scheduling: {{policy: round-robin, metrics: {{interval: 20ms}}}}}}\n",
+             \x20   - {{name: dead, engine: none, models: [ghost], endpoints: [\"{dead}\"], retry: {{maxRetries: 0}}, coldStart: {{timeout: 0s}}, scheduling: {{policy: round-robin, metrics: {{interval: 20ms}}}}}}\n",
             json.addr, sse.addr
         ),
     );
