@@ -22,6 +22,8 @@ use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
+use crate::generation::wake::{self, ScalerSlot, Wake};
+
 use crate::auth::Identity;
 use crate::error::{ApiError, DropReason};
 use crate::telemetry::ColdStats;
@@ -189,19 +191,22 @@ struct Waiter {
 
 /// What requests do while the pool has no ready replica (config
 /// `coldStart`).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ColdStart {
     /// How long a request waits for a cold pool; zero refuses at once.
     pub timeout: Duration,
-    /// POSTed `{"pool": NAME}` once per cold start.
-    pub webhook: Option<Arc<str>>,
+    /// How the pool is woken, once per cold start.
+    pub wake: Option<Wake>,
+    /// What scales a Kubernetes workload up.
+    pub scaler: ScalerSlot,
 }
 
 impl ColdStart {
-    pub fn new(spec: &config::ColdStart) -> Self {
+    pub fn new(spec: &config::ColdStart, scaler: &ScalerSlot) -> Self {
         Self {
             timeout: spec.timeout(),
-            webhook: spec.wake.as_ref().map(|w| Arc::from(w.webhook.as_str())),
+            wake: spec.wake.as_ref().and_then(Wake::new),
+            scaler: Arc::clone(scaler),
         }
     }
 }
@@ -313,10 +318,12 @@ impl Admission {
             pool = pool_name,
             "requests wait for the pool's first ready replica"
         );
-        if let Some(url) = self.cold.load().webhook.clone() {
-            tokio::spawn(crate::generation::wake::call_webhook(
+        let cold = self.cold.load();
+        if let Some(how) = cold.wake.clone() {
+            tokio::spawn(wake::wake(
                 Arc::from(pool_name),
-                url,
+                how,
+                Arc::clone(&cold.scaler),
             ));
         }
     }

@@ -43,7 +43,7 @@ pub mod summary;
 
 pub use endpoint::{Endpoint, Load, LoadGuard};
 pub use explain::{CandidateScore, ScoresHeader, TopScores};
-pub use health::{Health, health};
+pub use health::{Health, health, is_ready};
 pub use observation::{EngineState, Observation};
 pub use policy::{
     Fallback, InflightTolerance, PickerConfig, Policy, PredictConfig, PrefixConfig, Saturation,

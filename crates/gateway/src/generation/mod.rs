@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
 use crate::generation::pool::{Pool, Runtime};
+use crate::generation::wake::ScalerSlot;
 use crate::inbound::edge::ForwardedPaths;
 use crate::outbound::TrustedProxies;
 use crate::outbound::mirror::{MirrorRoom, Mirrors};
@@ -138,6 +139,9 @@ pub struct Runtimes {
     discovered: HashMap<String, Discovered>,
     /// The pools of the generation in force that are discovered.
     discovering: HashSet<String>,
+    /// What wakes cold pools whose workload is on Kubernetes; shared by
+    /// every pool, set once a Kubernetes client exists.
+    pub scaler: ScalerSlot,
 }
 
 /// One pool's replicas as discovery last reported them.
@@ -163,6 +167,7 @@ impl Runtimes {
             built: 0,
             discovered: HashMap::new(),
             discovering: HashSet::new(),
+            scaler: ScalerSlot::default(),
         }
     }
 
@@ -239,6 +244,7 @@ impl Runtimes {
                 metrics,
                 connect_timeout,
                 tls,
+                &self.scaler,
             );
             let pool_metrics = metrics.pool(
                 p,

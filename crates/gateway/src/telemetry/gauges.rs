@@ -54,9 +54,6 @@ pub(super) struct LivePool {
     pub name: Name,
     pub picker: Arc<picker::Picker>,
     pub admission: Arc<dyn FlowGauges>,
-    /// Whether readiness needs fresh metrics (scored pools) or only a
-    /// reachable replica.
-    pub uses_signals: bool,
     /// What the replicas' KV-cache events say; no publisher in it unless
     /// the pool follows them.
     pub prefix_index: Arc<kv_events::index::PoolIndex>,
@@ -229,7 +226,8 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
     let mut rows = Vec::new();
     let mut pool_rows = Vec::with_capacity(pools.len());
     for pool in pools {
-        let stale_after = pool.picker.config().stale_after;
+        let config = pool.picker.config();
+        let stale_after = config.stale_after;
         let first = rows.len();
         let (mut draining, mut evacuating) = pool.drains.leaving();
         for e in pool.picker.endpoints().iter() {
@@ -247,7 +245,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                 running: s.and_then(|s| s.running),
                 kv_usage: s.and_then(|s| s.kv_usage),
                 stale: !healthy,
-                ready: e.is_reachable() && !e.draining() && (healthy || !pool.uses_signals),
+                ready: picker::is_ready(e, &config, now),
                 age: obs
                     .last_good
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
@@ -542,7 +540,7 @@ impl Collector for LiveGauges {
         gauge(
             e,
             "infergate_pool_ready_endpoints",
-            "Replicas that can take requests: reachable, not draining, with fresh metrics when the pool scores on them",
+            "Replicas that can take requests: reachable, not draining, with fresh metrics when the pool refuses to pick without them",
             &pools,
             pool_labels,
             |p| Some(p.ready as i64),

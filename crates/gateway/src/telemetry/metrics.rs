@@ -626,7 +626,6 @@ impl Metrics {
             name: pool.clone(),
             picker: Arc::clone(picker),
             admission,
-            uses_signals: picker.config().policy.uses_signals(),
             prefix_index,
             drains,
         });

@@ -358,9 +358,9 @@ async fn free_addr() -> std::net::SocketAddr {
     listener.local_addr().unwrap()
 }
 
-/// A cold pool (its one replica not started yet) holds requests of every
-/// band, wakes its webhook once, and answers every one of them, once,
-/// when the replica is ready.
+/// A cold pool (its one replica not started yet) holds 200 requests of
+/// every band, wakes its webhook once, drops a client that leaves, and
+/// answers every other request, once, when the replica is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
     let addr = free_addr().await;
@@ -373,25 +373,32 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         .await
         .unwrap();
     debug_shows(&gw, "reachable", json!(false)).await;
-    const REQUESTS: usize = 30;
+    const REQUESTS: usize = 200;
     let bands = [Some("critical"), None, Some("sheddable")];
     let waiting: Vec<_> = (0..REQUESTS)
         .map(|i| send(&gw, &format!("cold-{i}"), bands[i % 3], None))
         .collect();
-    poll_until(
-        DEADLINE,
-        "every request waiting for the cold pool",
-        || async {
-            let m = scrape(&gw).await;
+    let leaver = send(&gw, "gone", Some("sheddable"), None);
+    let cold_waiting = |want: usize| {
+        let gw = &gw;
+        move || async move {
+            let m = scrape(gw).await;
             let n = m.value("infergate_cold_waiting_requests", &[("pool", "p")]);
-            if n == REQUESTS as f64 {
+            if n == want as f64 {
                 Ok(())
             } else {
                 Err(format!("{n} waiting"))
             }
-        },
+        }
+    };
+    poll_until(
+        DEADLINE,
+        "every request waiting for the cold pool",
+        cold_waiting(REQUESTS + 1),
     )
     .await;
+    leaver.abort();
+    poll_until(DEADLINE, "the leaver out of line", cold_waiting(REQUESTS)).await;
     let m = scrape(&gw).await;
     assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 0.0);
     assert_eq!(
@@ -411,6 +418,7 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         assert_eq!(resp.status(), 200);
     }
     assert_eq!(replica.count(), REQUESTS, "each answered once");
+    assert!(!arrival_order(&replica).contains(&"gone".to_owned()));
     assert_eq!(hook.count(), 1, "woken once");
     let m = scrape(&gw).await;
     assert_eq!(
