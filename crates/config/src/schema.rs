@@ -937,6 +937,12 @@ pub struct Simulated {
     /// the pool's `enginePriority` is on, else `fcfs`.
     #[serde(default)]
     pub scheduling_policy: Option<EngineScheduling>,
+    /// Simulated time each replica loads before it listens, as a model
+    /// server loads its weights: a duration (`45s`), or `calibrated` (the
+    /// model's weights at a network volume's speed, plus engine start-up;
+    /// about 90 s for an 8B model). Default: it listens at once.
+    #[serde(default)]
+    pub load_time: Option<String>,
 }
 
 /// How an engine orders the requests it holds: vLLM's

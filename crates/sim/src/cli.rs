@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use crate::engine::SchedulingPolicy;
 use crate::faults::{Faults, MetricsFault};
-use crate::fleet::{Fleet, FleetSpec, start_fleet};
+use crate::fleet::{Fleet, FleetSpec, LoadTime, start_fleet};
 use crate::kv_cache_events::KvEventsSpec;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
@@ -98,6 +98,12 @@ pub struct SimArgs {
     /// Topic of the KV events (vLLM's default is empty).
     #[arg(long, default_value = "", requires = "kv_events_port")]
     pub kv_events_topic: String,
+    /// Engine time each replica loads before it listens (connections are
+    /// refused meanwhile): a duration (`90s`), or `calibrated` for the
+    /// model's weights read at a network volume's speed plus engine
+    /// start-up. Divided by --time-scale in wall time.
+    #[arg(long, default_value = "0s")]
+    pub load_time: LoadTime,
 }
 
 /// `--dialect`: the dialects the simulator renders, each with the metric
@@ -168,6 +174,7 @@ impl SimArgs {
                 topic: self.kv_events_topic.clone(),
                 ..KvEventsSpec::default()
             }),
+            load_time: self.load_time,
         }
     }
 }
