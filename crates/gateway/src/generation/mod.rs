@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
 use crate::generation::pool::{Pool, Runtime};
+use crate::flow::ColdStart;
 use crate::generation::wake::ScalerSlot;
 use crate::inbound::edge::ForwardedPaths;
 use crate::outbound::TrustedProxies;
@@ -244,8 +245,10 @@ impl Runtimes {
                 metrics,
                 connect_timeout,
                 tls,
-                &self.scaler,
             );
+            runtime
+                .admission()
+                .set_cold_start(ColdStart::new(&p.cold_start, &self.scaler));
             let pool_metrics = metrics.pool(
                 p,
                 runtime.picker(),

@@ -17,7 +17,6 @@ use tokio::task::JoinHandle;
 
 use super::drain::{DrainState, Drains, Why};
 use super::prefix_events::{EventsSource, Subscriptions};
-use super::wake::ScalerSlot;
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
 use crate::inbound::parse::InferenceRequest;
@@ -186,11 +185,8 @@ impl Runtime {
         metrics: &Metrics,
         connect_timeout: Duration,
         tls: Option<PoolTls>,
-        scaler: &ScalerSlot,
     ) {
         self.picker.set_config(picker_config(spec));
-        self.admission
-            .set_cold_start(crate::flow::ColdStart::new(&spec.cold_start, scaler));
         let m = &spec.scheduling.metrics;
         let scrape = signals::ScrapeConfig {
             dialect: spec.engine,
