@@ -529,7 +529,11 @@ async fn admit(
     let adapter = route.adapter.as_deref();
     let mut pick = runtime.pick_request(request, adapter, explain);
     pick.session = session;
-    pick.slo = objectives(&received.headers)?;
+    let tenant_slo = generation
+        .tenant(&received.caller.tenant)
+        .and_then(|t| t.slo.as_ref());
+    pick.slo = objectives(&received.headers, tenant_slo)?;
+    record.objectives(ticket.band, pick.slo);
     // A pool that follows its engines' KV-cache events matches the prompt
     // against what they hold; else (or when it cannot) the picker guesses.
     pick.exact_prefix = runtime
@@ -558,8 +562,12 @@ async fn admit(
 
 /// The request's latency objectives, from `x-infergate-slo-ttft-ms`
 /// (time to first token) and `x-infergate-slo-itl-ms` (time per output
-/// token): replicas predicted to miss them are avoided (docs/picker.md).
-fn objectives(headers: &HeaderMap) -> Result<Option<picker::Slo>, ApiError> {
+/// token), each else from its tenant's `slo`: replicas predicted to miss
+/// them are avoided (docs/picker.md).
+fn objectives(
+    headers: &HeaderMap,
+    tenant: Option<&config::LatencyObjectives>,
+) -> Result<Option<picker::Slo>, ApiError> {
     let millis = |name: &str| -> Result<Option<std::time::Duration>, ApiError> {
         let Some(value) = headers.get(name) else {
             return Ok(None);
@@ -577,8 +585,8 @@ fn objectives(headers: &HeaderMap) -> Result<Option<picker::Slo>, ApiError> {
             })
     };
     let slo = picker::Slo {
-        ttft: millis(SLO_TTFT_HEADER)?,
-        itl: millis(SLO_ITL_HEADER)?,
+        ttft: millis(SLO_TTFT_HEADER)?.or(tenant.and_then(|t| t.ttft)),
+        itl: millis(SLO_ITL_HEADER)?.or(tenant.and_then(|t| t.itl)),
     };
     Ok((slo.ttft.is_some() || slo.itl.is_some()).then_some(slo))
 }

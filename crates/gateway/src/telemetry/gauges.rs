@@ -95,6 +95,12 @@ struct Row {
     /// Seconds since the last good scrape; `None` before the first.
     age: Option<f64>,
     resident: Vec<String>,
+    /// The replica's learned latency model: its recent prediction errors
+    /// (mean absolute percentage, a fraction) of TTFT and of time per
+    /// output token, and whether the `predicted` policy trusts it.
+    ttft_mape: Option<f64>,
+    itl_mape: Option<f64>,
+    model_trusted: bool,
 }
 
 /// One replica rank's KV-events stream.
@@ -236,6 +242,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             let obs = e.observation();
             let healthy = picker::health(&obs, now, stale_after) == Health::Healthy;
             let s = obs.state.as_deref();
+            let latency = e.latency().summary();
             rows.push(Row {
                 pool: pool.name.clone(),
                 endpoint: e.addr.to_string(),
@@ -250,6 +257,9 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                     .last_good
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
                 resident: s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
+                ttft_mape: latency.ttft.mape,
+                itl_mape: latency.itl.mape,
+                model_trusted: latency.trusted,
             });
         }
         let mine = &rows[first..];
@@ -502,6 +512,29 @@ impl Collector for LiveGauges {
             &rows,
             endpoint_labels,
             |r| Some(i64::from(r.stale)),
+        )?;
+        gauge(
+            e,
+            "infergate_latency_prediction_error",
+            "Recent mean absolute percentage error (a fraction) of the replica's learned latency model, per target: ttft, or itl (time per output token); each prediction measured before the model learned from its observation",
+            &rows
+                .iter()
+                .flat_map(|r| [(r, "ttft", r.ttft_mape), (r, "itl", r.itl_mape)])
+                .collect::<Vec<_>>(),
+            |(r, target, _)| {
+                let mut labels = endpoint_labels(r);
+                labels.push(("target", (*target).to_owned()));
+                labels
+            },
+            |(_, _, mape)| *mape,
+        )?;
+        gauge(
+            e,
+            "infergate_latency_model_trusted",
+            "1 when the replica's learned latency model is trusted: the predicted policy ranks by it rather than by the scored fallback",
+            &rows,
+            endpoint_labels,
+            |r| Some(i64::from(r.model_trusted)),
         )?;
         gauge(
             e,
