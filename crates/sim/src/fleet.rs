@@ -397,20 +397,34 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
 
     let (stopped_tx, stopped) = watch::channel(false);
     let handle_state = state.clone();
+    // Without a load time it listens before this returns, so a client may
+    // connect at once.
+    let start = if load_wall.is_zero() {
+        Start::Listening(socket.listen(LISTEN_BACKLOG)?)
+    } else {
+        Start::Loading(socket)
+    };
     tokio::spawn(async move {
-        let mut stop = state.stop.subscribe();
-        let loaded = tokio::select! {
-            () = tokio::time::sleep(load_wall) => true,
-            _ = stop.wait_for(|mode| *mode != StopMode::Running) => false,
+        let listener = match start {
+            Start::Listening(listener) => Ok(listener),
+            Start::Loading(socket) => {
+                let mut stop = state.stop.subscribe();
+                tokio::select! {
+                    () = tokio::time::sleep(load_wall) => {
+                        tracing::info!(%addr, "replica loaded its model and listens");
+                        socket.listen(LISTEN_BACKLOG)
+                    }
+                    // Stopped while loading: it never listens.
+                    _ = stop.wait_for(|mode| *mode != StopMode::Running) => {
+                        Err(std::io::ErrorKind::Interrupted.into())
+                    }
+                }
+            }
         };
-        if loaded {
-            if !load_wall.is_zero() {
-                tracing::info!(%addr, "replica loaded its model and listens");
-            }
-            match socket.listen(LISTEN_BACKLOG) {
-                Ok(listener) => http::serve(listener, state, SHUTDOWN_DRAIN).await,
-                Err(error) => tracing::error!(%addr, %error, "replica cannot listen"),
-            }
+        match listener {
+            Ok(listener) => http::serve(listener, state, SHUTDOWN_DRAIN).await,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => tracing::error!(%addr, %error, "replica cannot listen"),
         }
         actor.abort();
         let _ = stopped_tx.send(true);
@@ -428,6 +442,12 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         engine: handle_engine,
         kv_events: kv_publisher,
     })
+}
+
+/// How a replica's server starts: listening at once, or once loaded.
+enum Start {
+    Listening(tokio::net::TcpListener),
+    Loading(TcpSocket),
 }
 
 /// Pending connections a replica's listener holds.
