@@ -577,6 +577,13 @@ pub struct ColdStart {
     /// What to call when a request finds the pool cold.
     #[serde(default)]
     pub wake: Option<Wake>,
+    /// A streaming request that has waited this long for the cold pool
+    /// gets its response's head (200, server-sent events) and then an SSE
+    /// comment line this often, so proxies with idle timeouts in front do
+    /// not cut it; the answer follows, or an error event. Off when absent.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub heartbeat: Option<Duration>,
 }
 
 impl ColdStart {

@@ -197,6 +197,9 @@ pub struct ColdStart {
     pub timeout: Duration,
     /// How the pool is woken, once per cold start.
     pub wake: Option<Wake>,
+    /// How often a streaming request held for the cold pool hears from
+    /// the gateway.
+    pub heartbeat: Option<Duration>,
     /// What scales a Kubernetes workload up.
     pub scaler: ScalerSlot,
 }
@@ -206,6 +209,7 @@ impl ColdStart {
         Self {
             timeout: spec.timeout(),
             wake: spec.wake.as_ref().and_then(Wake::new),
+            heartbeat: spec.heartbeat,
             scaler: Arc::clone(scaler),
         }
     }
@@ -304,6 +308,13 @@ impl Admission {
             .iter()
             .any(|e| e.is_reachable() && !e.draining());
         (!warm && !timeout.is_zero()).then_some(timeout)
+    }
+
+    /// While the pool is cold and requests wait for it: how often a
+    /// waiting stream gets a heartbeat, when the pool sends them.
+    pub fn cold_heartbeat(&self) -> Option<Duration> {
+        self.cold_wait()?;
+        self.cold.load().heartbeat
     }
 
     /// Wake the cold pool, once per cold start: the pool's webhook is

@@ -24,6 +24,12 @@ pub fn check(p: &mut Problems, path: &str, pool: &Pool) {
             "must be at least 1 (turn continuation off with enabled: false)",
         );
     }
+    if pool.cold_start.heartbeat.is_some_and(|t| t.is_zero()) {
+        p.add(
+            format!("{path}.coldStart.heartbeat"),
+            "must be more than 0 (leave it out to send none)",
+        );
+    }
     if let Some(wake) = &pool.cold_start.wake {
         check_wake(p, &format!("{path}.coldStart.wake"), wake);
     }

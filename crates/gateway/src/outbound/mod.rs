@@ -7,6 +7,7 @@ pub mod connections;
 pub mod continuation;
 pub mod forward;
 pub mod forwarded;
+pub mod held;
 pub mod mirror;
 mod outgoing;
 pub mod replica_error;

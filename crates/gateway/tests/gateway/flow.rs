@@ -792,3 +792,98 @@ async fn a_simulated_replica_takes_the_band_only_when_it_schedules_by_priority()
         }
     }
 }
+
+/// A streaming request held for a cold pool with `heartbeat` set: after a
+/// heartbeat of waiting its head goes out (200, server-sent events) and a
+/// comment line every heartbeat, then the answer's events once a replica
+/// is ready; a non-streaming request just waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_held_for_a_cold_pool_hears_heartbeats_then_its_answer() {
+    let addr = free_addr().await;
+    let gw = Gateway::start(&cold_pool(
+        &addr.to_string(),
+        "timeout: 60s, heartbeat: 100ms",
+    ))
+    .await
+    .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    let stream = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send();
+    let plain = send(&gw, "plain", None, None);
+    let mut response = tokio::time::timeout(DEADLINE, stream)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    // Two heartbeats before any replica exists.
+    let mut seen = String::new();
+    while seen.matches(": waiting").count() < 2 {
+        let chunk = tokio::time::timeout(DEADLINE, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the held stream goes on");
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(!seen.contains("data:"), "{seen}");
+    let _replica = sim::start_replica(
+        addr,
+        sim::ReplicaSpec {
+            served_model_name: Some("m".into()),
+            time_scale: 20.0,
+            ..sim::ReplicaSpec::default()
+        },
+    )
+    .await
+    .unwrap();
+    while let Some(chunk) = tokio::time::timeout(DEADLINE, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(seen.ends_with("data: [DONE]\n\n"), "{seen}");
+    assert_eq!(
+        seen.matches("\"finish_reason\":\"length\"").count(),
+        1,
+        "{seen}"
+    );
+    let plain = plain.await.unwrap();
+    assert_eq!(plain.status(), 200);
+    assert_eq!(plain.headers()["content-type"], "application/json");
+}
+
+/// A held stream whose pool stays cold past its timeout ends with the
+/// refusal as an error event: its status went out as 200.
+#[tokio::test]
+async fn a_held_stream_past_the_cold_timeout_ends_with_an_error_event() {
+    let addr = free_addr().await;
+    let gw = Gateway::start(&cold_pool(
+        &addr.to_string(),
+        "timeout: 500ms, heartbeat: 100ms",
+    ))
+    .await
+    .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    let response = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    assert!(body.starts_with(": waiting"), "{body}");
+    let event = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("an error event");
+    let error: Value = serde_json::from_str(event).unwrap();
+    assert_eq!(error["error"]["code"], "cold_start_timeout", "{body}");
+}
