@@ -243,6 +243,9 @@ pub struct Admission {
     woken: AtomicBool,
     cold_waiting: AtomicUsize,
     cold_starts: AtomicU64,
+    /// When the cold start under way began; the durations of those done.
+    cold_since: Mutex<Option<Instant>>,
+    cold_durations: Mutex<(Option<f64>, f64)>,
     /// When the last request arrived, in ms since `epoch` plus one (0:
     /// never).
     last_request: AtomicU64,
@@ -260,7 +263,10 @@ impl crate::telemetry::FlowGauges for Admission {
     }
     fn cold(&self) -> ColdStats {
         let last = self.last_request.load(Ordering::Relaxed);
+        let (last_duration, durations_sum) = *self.cold_durations.lock();
         ColdStats {
+            last_duration,
+            durations_sum,
             waiting: self.cold_waiting.load(Ordering::Relaxed),
             starts: self.cold_starts.load(Ordering::Relaxed),
             idle_seconds: (last > 0).then(|| {
@@ -288,6 +294,8 @@ impl Admission {
             woken: AtomicBool::new(false),
             cold_waiting: AtomicUsize::new(0),
             cold_starts: AtomicU64::new(0),
+            cold_since: Mutex::new(None),
+            cold_durations: Mutex::new((None, 0.0)),
             last_request: AtomicU64::new(0),
         })
     }
@@ -325,6 +333,7 @@ impl Admission {
             return;
         }
         self.cold_starts.fetch_add(1, Ordering::Relaxed);
+        *self.cold_since.lock() = Some(Instant::now());
         tracing::info!(
             pool = pool_name,
             "requests wait for the pool's first ready replica"
@@ -383,6 +392,11 @@ impl Admission {
         // The pool has a ready replica: a later cold start wakes it again.
         if self.woken.load(Ordering::Relaxed) {
             self.woken.store(false, Ordering::Relaxed);
+            if let Some(since) = self.cold_since.lock().take() {
+                let took = since.elapsed().as_secs_f64();
+                let mut durations = self.cold_durations.lock();
+                *durations = (Some(took), durations.1 + took);
+            }
         }
         let load = decision.acquire();
         self.picker.record(decision.index(), pick.prefix_hashes);

@@ -39,6 +39,10 @@ pub struct ColdStats {
     pub starts: u64,
     /// Seconds since the pool's last request; `None` before the first.
     pub idle_seconds: Option<f64>,
+    /// Seconds from a request finding the pool cold to its first ready
+    /// replica: the last cold start's, and all of them added up.
+    pub last_duration: Option<f64>,
+    pub durations_sum: f64,
 }
 
 /// What the gauges read of a pool's replicas that left it and still
@@ -92,6 +96,8 @@ struct Row {
     kv_usage: Option<f64>,
     stale: bool,
     ready: bool,
+    /// Over the pool's saturation thresholds.
+    saturated: bool,
     /// Seconds since the last good scrape; `None` before the first.
     age: Option<f64>,
     resident: Vec<String>,
@@ -125,6 +131,8 @@ struct PoolRow {
     dispatched: u64,
     abandoned: u64,
     cold: ColdStats,
+    /// Share of the ready replicas that are saturated; 1 with none ready.
+    saturation: f64,
 }
 
 /// Every followed replica rank's stream, labelled by the replica's address.
@@ -253,6 +261,9 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                 kv_usage: s.and_then(|s| s.kv_usage),
                 stale: !healthy,
                 ready: picker::is_ready(e, &config, now),
+                saturated: config
+                    .saturation
+                    .is_saturated(s.and_then(|s| s.waiting), s.and_then(|s| s.kv_usage)),
                 age: obs
                     .last_good
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
@@ -268,10 +279,11 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
         let mean = |values: Vec<f64>| {
             (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
         };
+        let ready = mine.iter().filter(|r| r.ready).count();
         pool_rows.push(PoolRow {
             pool: pool.name.clone(),
             endpoints: mine.len(),
-            ready: mine.iter().filter(|r| r.ready).count(),
+            ready,
             draining,
             evacuating,
             kv_usage_avg: mean(fresh().filter_map(|r| r.kv_usage).collect()),
@@ -285,6 +297,11 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             dispatched: pool.admission.dispatched(),
             abandoned: pool.admission.abandoned(),
             cold: pool.admission.cold(),
+            saturation: if ready == 0 {
+                1.0
+            } else {
+                mine.iter().filter(|r| r.ready && r.saturated).count() as f64 / ready as f64
+            },
         });
     }
     (rows, pool_rows)
@@ -363,6 +380,30 @@ fn encode_autoscaling(
     )?;
     gauge(
         e,
+        "infergate_cold_start_last_seconds",
+        "How long the pool's last cold start took: from a request finding it cold to its first ready replica",
+        pools,
+        pool_labels,
+        |p| p.cold.last_duration,
+    )?;
+    counter(
+        e,
+        "infergate_cold_start_seconds",
+        "Seconds of every cold start of the pool added up (divided by infergate_cold_starts_total, the mean; starts still under way are not in it)",
+        pools,
+        pool_labels,
+        |p| p.cold.durations_sum,
+    )?;
+    gauge(
+        e,
+        "inference_extension_flow_control_pool_saturation",
+        "Share of the pool's ready replicas that are saturated (over its saturation thresholds); 1 with none ready",
+        pools,
+        name,
+        |p| Some(p.saturation),
+    )?;
+    gauge(
+        e,
         "infergate_pool_idle_seconds",
         "Seconds since the pool's last request, for scaling it down; absent before the first",
         pools,
@@ -395,14 +436,17 @@ where
     Ok(())
 }
 
-fn counter<T>(
+fn counter<T, N>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     items: &[T],
     labels: impl Fn(&T) -> Vec<(&'static str, String)>,
-    value: impl Fn(&T) -> u64,
-) -> std::fmt::Result {
+    value: impl Fn(&T) -> N,
+) -> std::fmt::Result
+where
+    ConstCounter<N>: EncodeMetric,
+{
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for item in items {
         let labels = labels(item);

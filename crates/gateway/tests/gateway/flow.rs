@@ -402,6 +402,13 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
     let m = scrape(&gw).await;
     assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 0.0);
     assert_eq!(
+        m.value(
+            "inference_extension_flow_control_pool_saturation",
+            &[("name", "p")]
+        ),
+        1.0
+    );
+    assert_eq!(
         m.value("infergate_cold_starts_total", &[("pool", "p")]),
         1.0
     );
@@ -426,6 +433,13 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         0.0
     );
     assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 1.0);
+    // The cold start took from the first request to the replica's start.
+    let took = m.value("infergate_cold_start_last_seconds", &[("pool", "p")]);
+    assert!(took > 0.0, "{took}");
+    assert_eq!(
+        m.value("infergate_cold_start_seconds_total", &[("pool", "p")]),
+        took
+    );
 }
 
 /// A pool that stays cold past its timeout: 503, with `Retry-After` and
