@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::observation::Observation;
-use crate::{Endpoint, Fallback, PickerConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -54,17 +53,6 @@ pub fn health_of(
         Some(at) if now.saturating_duration_since(at) <= stale_after => Health::Healthy,
         _ => Health::Stale,
     }
-}
-
-/// Whether replica `e` can take requests now: reachable, not draining,
-/// and with fresh metrics when its pool refuses to pick without them. The
-/// one rule behind `/readyz`, `/debug/pools`, the ready-replica metrics
-/// and the custom resource's status, so they agree.
-pub fn is_ready(e: &Endpoint, config: &PickerConfig, now: Instant) -> bool {
-    let needs_metrics = config.policy.uses_signals() && config.fallback == Fallback::Refuse;
-    e.is_reachable()
-        && !e.draining()
-        && (!needs_metrics || health(&e.observation(), now, config.stale_after) == Health::Healthy)
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
-use crate::generation::pool::{Pool, Runtime};
 use crate::flow::ColdStart;
+use crate::generation::pool::{Pool, Runtime};
 use crate::generation::wake::ScalerSlot;
 use crate::inbound::edge::ForwardedPaths;
 use crate::outbound::TrustedProxies;

@@ -72,7 +72,7 @@ fn held(work: Work, every: Duration) -> Response<ResponseBody> {
         beat: None,
         answer: None,
     };
-    let mut response = Response::new(ResponseBody::Held(Box::new(body)));
+    let mut response = Response::new(ResponseBody::Boxed(Box::pin(body)));
     *response.status_mut() = StatusCode::OK;
     let headers = response.headers_mut();
     headers.insert(
@@ -83,7 +83,7 @@ fn held(work: Work, every: Duration) -> Response<ResponseBody> {
     response
 }
 
-pub struct HeldBody {
+struct HeldBody {
     work: Option<Work>,
     every: Duration,
     /// The next heartbeat; `None` before the first, sent at once.
@@ -92,11 +92,24 @@ pub struct HeldBody {
     answer: Option<ResponseBody>,
 }
 
-impl HeldBody {
-    pub fn poll_frame(
-        &mut self,
+impl Body for HeldBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.get_mut().poll_next(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.work.is_none() && self.answer.as_ref().is_none_or(Body::is_end_stream)
+    }
+}
+
+impl HeldBody {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(answer) = &mut self.answer {
             return Pin::new(answer).poll_frame(cx);
         }
@@ -112,7 +125,7 @@ impl HeldBody {
             } else {
                 ResponseBody::Full(Some(error_event(body)))
             });
-            return self.poll_frame(cx);
+            return self.poll_next(cx);
         }
         let beat = match &mut self.beat {
             None => {
@@ -135,10 +148,6 @@ impl HeldBody {
         } else {
             Poll::Pending
         }
-    }
-
-    pub fn is_end_stream(&self) -> bool {
-        self.work.is_none() && self.answer.as_ref().is_none_or(Body::is_end_stream)
     }
 }
 
