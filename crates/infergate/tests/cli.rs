@@ -321,6 +321,16 @@ fn quickstart_demo_serves_a_completion() {
         "messages": [{"role": "user", "content": "Hello!"}],
         "max_tokens": 8,
     });
+    let resp = chat(&addr, &body.to_string());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(resp["object"], "chat.completion", "{resp}");
+    assert_eq!(resp["usage"]["completion_tokens"], 8, "{resp}");
+}
+
+/// A chat completion through the gateway at `addr` with curl, as a user
+/// would send it: the JSON answer.
+fn chat(addr: &str, body: &str) -> serde_json::Value {
     let out = Command::new("curl")
         .args([
             "-s",
@@ -329,17 +339,13 @@ fn quickstart_demo_serves_a_completion() {
             "-H",
             "content-type: application/json",
             "-d",
+            body,
         ])
-        .arg(body.to_string())
         .arg(format!("http://{addr}/v1/chat/completions"))
         .output()
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let resp: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    assert_eq!(resp["object"], "chat.completion", "{resp}");
-    assert_eq!(resp["usage"]["completion_tokens"], 8, "{resp}");
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn simulated_config(model: &str, time_scale: f64) -> String {
@@ -621,21 +627,10 @@ fn a_simulated_pool_that_loads_holds_its_first_request_until_ready() {
     );
     let served = Served::start(file.path());
     let started = std::time::Instant::now();
-    let out = Command::new("curl")
-        .args([
-            "-s",
-            "--max-time",
-            "60",
-            "-H",
-            "content-type: application/json",
-            "-d",
-            r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}"#,
-        ])
-        .arg(format!("http://{}/v1/chat/completions", served.addr))
-        .output()
-        .unwrap();
-    let resp: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let resp = chat(
+        &served.addr,
+        r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}"#,
+    );
     assert_eq!(resp["object"], "chat.completion", "{resp}");
     // 40 s of simulated load at 20× is 2 s; the request waited for it.
     served.wait_for("replica loaded its model");

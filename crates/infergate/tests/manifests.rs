@@ -176,6 +176,18 @@ fn grants(rules: &[PolicyRule]) -> BTreeSet<(String, String, String)> {
     out
 }
 
+/// Each (group, resource, verb) of a list of API calls.
+fn calls(access: &[infergate_kube::access::Access]) -> BTreeSet<(String, String, String)> {
+    access
+        .iter()
+        .flat_map(|a| {
+            a.verbs
+                .iter()
+                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
+        })
+        .collect()
+}
+
 #[test]
 fn rbac_grants_exactly_the_calls_the_code_makes() {
     let m = Manifests::load();
@@ -183,14 +195,7 @@ fn rbac_grants_exactly_the_calls_the_code_makes() {
     let cluster_role = m.one::<ClusterRole>("ClusterRole");
     let mut granted = grants(role.rules.as_deref().unwrap_or_default());
     granted.extend(grants(cluster_role.rules.as_deref().unwrap_or_default()));
-    let called: BTreeSet<(String, String, String)> = infergate_kube::access::API_ACCESS
-        .iter()
-        .flat_map(|a| {
-            a.verbs
-                .iter()
-                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
-        })
-        .collect();
+    let called = calls(infergate_kube::access::API_ACCESS);
     assert_eq!(
         granted, called,
         "rbac.yaml and infergate_kube::access::API_ACCESS disagree"
@@ -458,14 +463,7 @@ fn wake_rbac_grants_only_the_scale_calls_on_named_workloads() {
         .expect("a RoleBinding");
     assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
     assert_eq!(role.metadata.namespace, binding.metadata.namespace);
-    let allowed: BTreeSet<(String, String, String)> = infergate_kube::access::WAKE_ACCESS
-        .iter()
-        .flat_map(|a| {
-            a.verbs
-                .iter()
-                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
-        })
-        .collect();
+    let allowed = calls(infergate_kube::access::WAKE_ACCESS);
     let rules = role.rules.unwrap();
     assert!(!rules.is_empty());
     for rule in &rules {
