@@ -311,9 +311,11 @@ async fn dead_replica_costs_no_failed_requests() {
 async fn no_reachable_replica_is_503() {
     let dead = FakeReplica::start("dead", Behaviour::Echo).await;
     dead.kill();
-    let gw = Gateway::start(&config("", &pool("p", "m", "", &[&dead], "round-robin")))
-        .await
-        .unwrap();
+    // Without a cold wait: whether the first scrape has failed or not, the
+    // answer is at once.
+    let pool = pool("p", "m", "", &[&dead], "round-robin")
+        .replace("}}\n", "}, coldStart: {timeout: 0s}}\n");
+    let gw = Gateway::start(&config("", &pool)).await.unwrap();
     let (status, body) = error_of(chat(&gw, "m").await).await;
     assert_eq!(status, 503);
     assert!(body["error"]["message"].as_str().unwrap().contains("`p`"));
