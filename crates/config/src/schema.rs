@@ -245,14 +245,15 @@ pub struct Admin {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct EndpointPicker {
     /// `host:port` of the gRPC listener (HTTP/2 without TLS, as the
-    /// data planes dial it); port 0 asks the OS for a free port.
+    /// data planes dial it), `0.0.0.0:9002` by default; port 0 asks the
+    /// OS for a free port.
     pub address: Option<String>,
     /// How the data plane sends bodies when its messages do not say
     /// (Envoy names its processing mode in `protocol_config`).
     #[serde(default)]
     pub body_mode: BodyMode,
     /// Replicas listed after the chosen one, in the picker's order, for
-    /// the data plane to fall back to.
+    /// the data plane to fall back to (2 by default, at most 64).
     pub fallbacks: Option<usize>,
 }
 

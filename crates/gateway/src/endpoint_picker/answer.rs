@@ -136,6 +136,18 @@ pub fn picked_buffered(
     }
 }
 
+/// The answer's body (BUFFERED) with what the client gets of it.
+pub fn response_body_replaced(body: Vec<u8>) -> ProcessingResponse {
+    respond(Response::ResponseBody(BodyResponse {
+        response: Some(CommonResponse {
+            body_mutation: Some(BodyMutation {
+                mutation: Some(Mutation::Body(body)),
+            }),
+            ..Default::default()
+        }),
+    }))
+}
+
 /// A chunk of the answer passed back as it came (FULL_DUPLEX_STREAMED).
 pub fn response_body_echo(body: Vec<u8>, end_of_stream: bool) -> ProcessingResponse {
     respond(Response::ResponseBody(BodyResponse {

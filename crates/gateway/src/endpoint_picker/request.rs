@@ -184,6 +184,10 @@ pub struct Picked {
     pub changed: bool,
     /// The model served, when a rewrite chose another than the client's.
     pub rewritten: Option<Arc<str>>,
+    /// The picker asked the stream for its usage in the client's place
+    /// (a token limit settles on it): the usage event is taken out of the
+    /// answer on its way back.
+    pub strip_usage: bool,
     pub record: Box<Record>,
 }
 
@@ -226,8 +230,13 @@ pub async fn decide(
         Ok(decided) => decided,
         Err(refusal) => return Err(refuse(*record, refusal)),
     };
-    let (pool, admitted) = match decided.target {
-        Target::Replica { pool, admitted, .. } => (pool, admitted),
+    let (pool, admitted, strip_usage) = match decided.target {
+        Target::Replica {
+            pool,
+            admitted,
+            strip_usage,
+            ..
+        } => (pool, admitted, strip_usage),
         // A model only global members serve has no replica here to pick.
         Target::Members { model, .. } => {
             return Err(refuse(*record, ApiError::model_not_found(&model)));
@@ -244,6 +253,7 @@ pub async fn decide(
         admitted,
         endpoints,
         rewritten,
+        strip_usage,
         record,
     })
 }

@@ -18,6 +18,7 @@ use super::request::Picked;
 use crate::flow::{Admitted, host_port};
 use crate::generation::Generation;
 use crate::generation::pool::Pool;
+use crate::outbound::stream_usage::UsageStripper;
 use crate::record::Record;
 
 /// A request the picker decided, as its answer comes back.
@@ -31,6 +32,10 @@ pub struct Answer {
     replica: Arc<picker::Endpoint>,
     /// When the decision went to the data plane, which sent the request on.
     sent_at: Instant,
+    /// Set when the picker asked the stream for its usage: the usage
+    /// event is the picker's, not the client's.
+    strip_usage: bool,
+    stripper: Option<UsageStripper>,
     /// The generation of the config the request was decided under.
     _generation: Arc<Generation>,
 }
@@ -44,6 +49,8 @@ impl Answer {
             record: picked.record,
             replica,
             sent_at: Instant::now(),
+            strip_usage: picked.strip_usage,
+            stripper: None,
             _generation: generation,
         }
     }
@@ -56,6 +63,9 @@ impl Answer {
         let (status, head) = response_head(headers);
         self.record.reached_replica(true);
         self.record.on_response(status, &head);
+        if self.strip_usage && crate::headers::is_event_stream(&head) {
+            self.stripper = Some(UsageStripper::default());
+        }
         if status.is_success() {
             self.record
                 .answering(Arc::clone(&self.replica), self.sent_at);
@@ -65,8 +75,9 @@ impl Answer {
         }
     }
 
-    /// A chunk of the answer's body (the first: its first token).
-    pub fn on_body(&mut self, chunk: &[u8], end_of_stream: bool) {
+    /// A chunk of the answer's body (the first: its first token): what
+    /// of it the client gets, `None` when all of it.
+    pub fn on_body(&mut self, chunk: &[u8], end_of_stream: bool) -> Option<Vec<u8>> {
         if !chunk.is_empty() {
             self.admitted.lease.answered();
             self.record.on_data(chunk);
@@ -74,6 +85,12 @@ impl Answer {
         if end_of_stream {
             self.record.on_end();
         }
+        let stripper = self.stripper.as_mut()?;
+        let mut kept = stripper.filter(chunk).to_vec();
+        if end_of_stream && let Some(rest) = stripper.finish() {
+            kept.extend_from_slice(&rest);
+        }
+        Some(kept)
     }
 
     /// The answer's trailers: its end.

@@ -350,15 +350,23 @@ impl Exchange {
     }
 
     async fn on_response_body(&mut self, chunk: HttpBody) -> bool {
-        if let Phase::Answered(answer) = &mut self.phase {
-            answer.on_body(&chunk.body, chunk.end_of_stream);
-        }
-        match self.response_mode {
-            Mode::Duplex => {
-                self.send(answer::response_body_echo(chunk.body, chunk.end_of_stream))
-                    .await
+        let kept = match &mut self.phase {
+            Phase::Answered(answer) => answer.on_body(&chunk.body, chunk.end_of_stream),
+            _ => None,
+        };
+        let end = chunk.end_of_stream;
+        match (self.response_mode, kept) {
+            // Nothing for the client in this chunk (the usage event, or
+            // the start of an event): the next carries it on.
+            (Mode::Duplex, Some(kept)) if kept.is_empty() && !end => true,
+            (Mode::Duplex, kept) => {
+                let body = kept.unwrap_or(chunk.body);
+                self.send(answer::response_body_echo(body, end)).await
             }
-            Mode::Buffered => self.send(answer::response_body_continue()).await,
+            (Mode::Buffered, Some(kept)) if kept != chunk.body => {
+                self.send(answer::response_body_replaced(kept)).await
+            }
+            (Mode::Buffered, _) => self.send(answer::response_body_continue()).await,
         }
     }
 

@@ -887,3 +887,75 @@ async fn a_request_without_a_body_is_refused_on_its_head() {
     let refused = stream.immediate().await;
     assert_eq!(refused.status.unwrap().code, 400);
 }
+
+/// A stream charged against a token limit: the picker asks the replica
+/// for its usage in the client's place (the body the data plane sends
+/// says so), settles the limit on it, and takes the usage event out of
+/// the answer on its way back, so the client gets the stream it asked for.
+#[tokio::test]
+async fn a_stream_charged_in_tokens_is_settled_on_its_usage_unseen_by_the_client() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = picker(
+        "  rateLimits: {global: {tokensPerMinute: 100000}}\n",
+        &pool("p", "m", &[&a]),
+    )
+    .await;
+    let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
+    let mut stream = envoy.open().await;
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+            .into_bytes();
+    stream.send_request(&body, &[], None).await;
+    let decision = stream.decision().await;
+    let sent: Json = serde_json::from_slice(decision.body.as_ref().unwrap()).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true, "{sent}");
+    assert_eq!(
+        decision.headers["content-length"],
+        decision.body.unwrap().len().to_string()
+    );
+
+    stream.response_headers(200, "text/event-stream", Some(&decision.endpoints[0]));
+    assert!(matches!(stream.next().await, Answer::ResponseHeaders(_)));
+    let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10}}\n\n";
+    let done = b"data: [DONE]\n\n";
+    let mut client_got = Vec::new();
+    stream.response_body(token, false);
+    stream.response_body(usage, false);
+    stream.response_body(done, true);
+    loop {
+        match stream.next().await {
+            Answer::ResponseBody(BodyResponse { response }) => {
+                let mutation = response.unwrap().body_mutation.unwrap().mutation;
+                let Some(Mutation::StreamedResponse(part)) = mutation else {
+                    panic!("{mutation:?}")
+                };
+                client_got.extend_from_slice(&part.body);
+                if part.end_of_stream {
+                    break;
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        String::from_utf8(client_got).unwrap(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(token),
+            String::from_utf8_lossy(done)
+        )
+    );
+    stream.close();
+    let what = "the usage counted";
+    poll_until(DEADLINE, what, || async {
+        let metrics = crate::support::admin_get(&gw, "/metrics").await;
+        let series = "infergate_prompt_tokens_total{pool=\"p\",model=\"m\",tenant=\"anonymous\"}";
+        match crate::support::sample(&metrics, series) {
+            Some(7.0) => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+}
