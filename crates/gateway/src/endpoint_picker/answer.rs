@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use http_body_util::BodyExt;
 
-use super::metadata;
+use super::protocol;
 use crate::outbound::response_body::ResponseBody;
 
 /// Bytes of body sent back in one streamed mutation: well under the
@@ -93,7 +93,7 @@ pub fn picked_streamed(
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(picked(headers, None)),
         })),
-        dynamic_metadata: Some(metadata::destination(endpoints)),
+        dynamic_metadata: Some(protocol::destination(endpoints)),
         ..Default::default()
     });
     let chunks: Vec<&[u8]> = if body.is_empty() {
@@ -131,7 +131,7 @@ pub fn picked_buffered(
         response: Some(Response::RequestBody(BodyResponse {
             response: Some(picked(headers, body)),
         })),
-        dynamic_metadata: Some(metadata::destination(endpoints)),
+        dynamic_metadata: Some(protocol::destination(endpoints)),
         ..Default::default()
     }
 }

@@ -15,8 +15,8 @@
 //! - answer.rs — the messages the picker sends back;
 //! - response.rs — the response phase: the served replica, tokens,
 //!   the request's end;
-//! - metadata.rs — the protocol's dynamic metadata (the subset hint in,
-//!   the endpoint list out, the served endpoint back);
+//! - protocol.rs — the protocol's header names and dynamic metadata (the
+//!   subset hint in, the endpoint list out, the served endpoint back);
 //! - health.rs — gRPC health for liveness, readiness and the service.
 //!
 //! Every replica of the picker decides alone from its own scrapes (and
@@ -34,20 +34,10 @@ use crate::state::State;
 
 mod answer;
 mod health;
-mod metadata;
+mod protocol;
 mod request;
 mod response;
 mod stream;
-
-/// The header naming the chosen replica and its fallbacks, in order.
-pub const DESTINATION: &str = "x-gateway-destination-endpoint";
-/// The header carrying the fairness id (a tenant, or a client within it).
-pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
-/// The header naming the request's objective (a band, or a model whose
-/// objective the config sets).
-pub const OBJECTIVE: &str = "x-gateway-inference-objective";
-/// The header naming the model served when the picker rewrote it.
-pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
 
 /// The running endpoint-picker listener.
 pub struct EndpointPicker {

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::config::core::v3::{HeaderMap as EnvoyHeaders, Metada
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
 use tokio::time::Instant;
 
-use super::{FAIRNESS_ID, OBJECTIVE};
+use super::protocol::{FAIRNESS_ID, OBJECTIVE};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::flow::{Admitted, Candidates, FAIRNESS_HEADER, PRIORITY_HEADER, host_port};
@@ -22,12 +22,13 @@ use crate::outbound::Forwarded;
 use crate::outbound::response_body::ResponseBody;
 use crate::pipeline::{self, Ids, Relayed, Target};
 use crate::record::Record;
-use crate::respond::refuse;
+use crate::respond::{json, refuse};
 use crate::state::State;
 use crate::telemetry::{self, trace_context};
 
-/// What the picker answers the client with itself.
-pub type Refused = Response<ResponseBody>;
+/// What the picker answers the client with itself: a refusal, or the
+/// model list.
+pub type OwnAnswer = Response<ResponseBody>;
 
 /// The request's head, its caller known.
 pub struct Head {
@@ -44,8 +45,9 @@ pub struct Head {
 /// The pseudo-headers and headers of `envoy`, as an HTTP head: the path,
 /// and every regular header (values Envoy sends in `raw_value`, or in
 /// `value` for older versions).
-fn split_head(envoy: Option<&EnvoyHeaders>) -> (Option<String>, HeaderMap) {
+fn split_head(envoy: Option<&EnvoyHeaders>) -> (Option<String>, Option<String>, HeaderMap) {
     let mut path = None;
+    let mut method = None;
     let mut headers = HeaderMap::new();
     for h in envoy.map(|h| h.headers.as_slice()).unwrap_or_default() {
         let value = if h.raw_value.is_empty() {
@@ -55,6 +57,8 @@ fn split_head(envoy: Option<&EnvoyHeaders>) -> (Option<String>, HeaderMap) {
         };
         if h.key == ":path" {
             path = Some(String::from_utf8_lossy(value).into_owned());
+        } else if h.key == ":method" {
+            method = Some(String::from_utf8_lossy(value).into_owned());
         } else if !h.key.starts_with(':')
             && let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(h.key.as_bytes()),
@@ -64,7 +68,7 @@ fn split_head(envoy: Option<&EnvoyHeaders>) -> (Option<String>, HeaderMap) {
             headers.append(name, value);
         }
     }
-    (path, headers)
+    (method, path, headers)
 }
 
 /// The protocol's identity headers, as infergate's own flow control
@@ -96,11 +100,16 @@ pub async fn head(
     envoy: Option<&EnvoyHeaders>,
     metadata: Option<&Metadata>,
     peer: SocketAddr,
-) -> Result<Head, Refused> {
+) -> Result<Head, OwnAnswer> {
     let start = Instant::now();
-    let (path, mut headers) = split_head(envoy);
+    let (method, path, mut headers) = split_head(envoy);
     let request_id = pipeline::request_id(&headers);
     let path = path.unwrap_or_else(|| "/".to_owned());
+    // The model list, which clients ask the same route for: answered by
+    // the picker from its routes, as its own listeners answer it.
+    if method.as_deref() == Some("GET") && path == "/v1/models" {
+        return Err(models(state, generation, &headers).await);
+    }
     let span = telemetry::request_span(&http::Method::POST, &path, &request_id);
     // A mirror's copy carries the trace on, as the gateway's own do.
     let sampling = generation.trace_sampling(peer.ip());
@@ -133,12 +142,21 @@ pub async fn head(
         uri,
         headers,
         caller,
-        candidates: super::metadata::subset_hint(metadata),
+        candidates: super::protocol::subset_hint(metadata),
         forwarded,
         request_id,
         traceparent,
         record,
     })
+}
+
+/// `GET /v1/models`: the models the caller may use.
+async fn models(state: &State, generation: &Generation, headers: &HeaderMap) -> OwnAnswer {
+    match pipeline::authenticate_headers(state, generation, headers, None).await {
+        Ok(caller) if caller.may_use_all() => json(generation.routes.models_json()),
+        Ok(caller) => json(generation.routes.models_json_where(|id| caller.may_use(id))),
+        Err(e) => e.into_response(),
+    }
 }
 
 /// The request body as it arrives, within the gateway's limit and its
@@ -198,7 +216,7 @@ pub async fn decide(
     head: Head,
     body: Body,
     fallbacks: usize,
-) -> Result<Picked, Refused> {
+) -> Result<Picked, OwnAnswer> {
     let Head {
         uri,
         headers,

@@ -13,7 +13,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::HttpHeaders;
 use http::StatusCode;
 use tokio::time::Instant;
 
-use super::metadata;
+use super::protocol;
 use super::request::Picked;
 use crate::flow::{Admitted, host_port};
 use crate::generation::Generation;
@@ -57,7 +57,7 @@ impl Answer {
 
     /// The answer's head arrived, with the endpoint that served it.
     pub fn on_headers(&mut self, headers: &HttpHeaders, metadata: Option<&Metadata>) {
-        if let Some(served) = metadata::served(metadata) {
+        if let Some(served) = protocol::served(metadata) {
             self.account_to(&served);
         }
         let (status, head) = response_head(headers);

@@ -26,9 +26,10 @@ use futures_util::Stream;
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::request::{self, Body, Head, Picked, Refused};
+use super::answer;
+use super::protocol::{DESTINATION, MODEL_REWRITE};
+use super::request::{self, Body, Head, OwnAnswer, Picked};
 use super::response::Answer;
-use super::{DESTINATION, MODEL_REWRITE, answer};
 use crate::generation::Generation;
 use crate::state::State;
 
@@ -237,7 +238,7 @@ impl Exchange {
         .await;
         let head = match head {
             Ok(head) => head,
-            Err(refused) => return self.refuse(refused).await,
+            Err(own) => return self.answer_itself(own).await,
         };
         let body = Body::new(&self.generation);
         self.phase = Phase::Receiving { head, body };
@@ -265,7 +266,9 @@ impl Exchange {
             else {
                 unreachable!("matched above")
             };
-            return self.refuse(crate::respond::refuse(*head.record, e)).await;
+            return self
+                .answer_itself(crate::respond::refuse(*head.record, e))
+                .await;
         }
         if chunk.end_of_stream {
             return self.finish_request(inbound).await;
@@ -308,7 +311,7 @@ impl Exchange {
         };
         match decided {
             Ok(picked) => self.answer(picked).await,
-            Err(refused) => self.refuse(refused).await,
+            Err(own) => self.answer_itself(own).await,
         }
     }
 
@@ -371,9 +374,9 @@ impl Exchange {
     }
 
     /// The picker answers the client itself; the request is over.
-    async fn refuse(&mut self, refused: Refused) -> bool {
+    async fn answer_itself(&mut self, own: OwnAnswer) -> bool {
         self.phase = Phase::Done;
-        let immediate = answer::immediate(refused).await;
+        let immediate = answer::immediate(own).await;
         self.send(immediate).await
     }
 

@@ -206,9 +206,20 @@ impl Stream {
         end_of_stream: bool,
         hint: Option<Metadata>,
     ) {
+        self.request_head("POST", CHAT, extra, end_of_stream, hint);
+    }
+
+    fn request_head(
+        &mut self,
+        method: &str,
+        path: &str,
+        extra: &[(&str, &str)],
+        end_of_stream: bool,
+        hint: Option<Metadata>,
+    ) {
         let mut headers = vec![
-            header(":method", "POST"),
-            header(":path", CHAT),
+            header(":method", method),
+            header(":path", path),
             header(":authority", "gateway.example"),
             header(":scheme", "http"),
             header("content-type", "application/json"),
@@ -876,9 +887,11 @@ async fn refusals_are_immediate_responses_in_the_openai_shape() {
     assert_eq!(error_body(&refused)["error"]["type"], "requests");
 }
 
-/// A request with no body has no model: 400, answered on its head.
+/// A request with no body has no model: 400, answered on its head. The
+/// model list, which clients ask the same route for, the picker answers
+/// itself.
 #[tokio::test]
-async fn a_request_without_a_body_is_refused_on_its_head() {
+async fn a_request_without_a_body_is_answered_on_its_head() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let gw = picker("", &pool("p", "m", &[&a])).await;
     let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
@@ -886,6 +899,18 @@ async fn a_request_without_a_body_is_refused_on_its_head() {
     stream.request_headers(&[], true, None);
     let refused = stream.immediate().await;
     assert_eq!(refused.status.unwrap().code, 400);
+    assert_eq!(
+        error_body(&refused)["error"]["type"],
+        "invalid_request_error"
+    );
+
+    let mut stream = envoy.open().await;
+    stream.request_head("GET", "/v1/models", &[], true, None);
+    let models = stream.immediate().await;
+    assert_eq!(models.status.unwrap().code, 200);
+    let list = error_body(&models);
+    assert_eq!(list["object"], "list", "{list}");
+    assert_eq!(list["data"][0]["id"], "m", "{list}");
 }
 
 /// A stream charged against a token limit: the picker asks the replica

@@ -1,5 +1,6 @@
-//! The protocol's dynamic metadata: the data plane's subset hint in, the
-//! chosen endpoints out, the endpoint that served back.
+//! The protocol's names — its headers and dynamic metadata — and the
+//! metadata read and written: the data plane's subset hint in, the chosen
+//! endpoints out, the endpoint that served back.
 
 use std::collections::HashMap;
 
@@ -7,8 +8,17 @@ use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Struct, Value};
 
-use super::DESTINATION;
 use crate::flow::Candidates;
+
+/// The header naming the chosen replica and its fallbacks, in order.
+pub const DESTINATION: &str = "x-gateway-destination-endpoint";
+/// The header carrying the fairness id (a tenant, or a client within it).
+pub const FAIRNESS_ID: &str = "x-gateway-inference-fairness-id";
+/// The header naming the request's objective (a band, or a model whose
+/// objective the config sets).
+pub const OBJECTIVE: &str = "x-gateway-inference-objective";
+/// The header naming the model served when the picker rewrote it.
+pub const MODEL_REWRITE: &str = "x-gateway-model-name-rewrite";
 
 /// The namespace of the endpoints, out and back.
 pub const LB_NAMESPACE: &str = "envoy.lb";
