@@ -24,9 +24,11 @@ use crate::record::Record;
 /// A request the picker decided, as its answer comes back.
 pub struct Answer {
     pool: Arc<Pool>,
-    // Dropped with the answer: the load on its replica, then the record.
-    admitted: Admitted,
+    // Dropped with the answer, in this order: the record (settled), then
+    // the load on its replica — once the load is gone, the request is in
+    // the metrics.
     record: Box<Record>,
+    admitted: Admitted,
     /// The replica the load is on: the chosen one, or the one the data
     /// plane reports it went to.
     replica: Arc<picker::Endpoint>,

@@ -439,9 +439,12 @@ impl Stream {
         }
     }
 
-    /// Envoy closes the stream when the request is done.
-    fn close(self) {
+    /// Envoy closes its side when the request is done; the picker then
+    /// ends the stream, with nothing more to say.
+    async fn close(mut self) {
         drop(self.tx);
+        let end = within(DEADLINE, "the picker ending the stream", self.rx.message()).await;
+        assert!(matches!(end, Ok(None)), "{end:?}");
     }
 }
 
@@ -566,7 +569,7 @@ async fn the_data_plane_follows_the_pickers_choice_in_both_body_modes() {
             stream
                 .relay_answer(chosen, 200, "application/json", &[first, rest])
                 .await;
-            stream.close();
+            stream.close().await;
             seen.push(chosen.clone());
         }
         // Round-robin: the two requests went to both replicas.
@@ -609,7 +612,7 @@ async fn the_subset_hint_is_honoured() {
         let mut allowed = [b_addr.clone(), c_addr.clone()];
         allowed.sort();
         assert_eq!(listed, allowed, "only the subset, all of it");
-        stream.close();
+        stream.close().await;
     }
     let nowhere = closed_port().await;
     for endpoints in [vec![], vec![nowhere.as_str()]] {
@@ -682,7 +685,7 @@ async fn the_served_endpoint_is_accounted() {
     // Trailers end this answer.
     stream.response_trailers();
     assert!(matches!(stream.next().await, Answer::ResponseTrailers(_)));
-    stream.close();
+    stream.close().await;
     in_flight_becomes(&gw, HashMap::from([(chosen, 0), (other.clone(), 0)])).await;
     // The answer was measured as the gateway's own listeners measure
     // theirs: first token, the gap to the next, the usage it reported.
@@ -714,22 +717,39 @@ async fn the_served_endpoint_is_accounted() {
     }
 }
 
-/// Envoy closing the stream mid-answer (the client left) ends the
-/// request: its load is released once.
+/// Envoy ending the stream mid-answer (the client left: its side closed,
+/// or the stream reset) ends the request: its load is released once, and
+/// it is recorded once.
 #[tokio::test]
-async fn a_stream_closed_mid_answer_releases_its_load() {
+async fn a_stream_ended_mid_answer_releases_its_load() {
     let a = FakeReplica::start("a", Behaviour::Echo).await;
     let gw = picker("", &pool("p", "m", &[&a])).await;
     let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
-    let mut stream = envoy.open().await;
-    stream.send_request(&chat_body("m"), &[], None).await;
-    let decision = stream.decision().await;
-    assert_eq!(decision.endpoints, [a.addr.to_string()]);
-    stream.response_headers(200, "text/event-stream", Some(&decision.endpoints[0]));
-    assert!(matches!(stream.next().await, Answer::ResponseHeaders(_)));
-    in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 1)])).await;
-    stream.close();
-    in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 0)])).await;
+    for reset in [false, true] {
+        let mut stream = envoy.open().await;
+        stream.send_request(&chat_body("m"), &[], None).await;
+        let decision = stream.decision().await;
+        assert_eq!(decision.endpoints, [a.addr.to_string()]);
+        stream.response_headers(200, "text/event-stream", Some(&decision.endpoints[0]));
+        assert!(matches!(stream.next().await, Answer::ResponseHeaders(_)));
+        stream.response_body(b"data: {\"choices\":[]}\n\n", false);
+        assert!(matches!(stream.next().await, Answer::ResponseBody(_)));
+        in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 1)])).await;
+        if reset {
+            drop(stream);
+        } else {
+            stream.close().await;
+        }
+        in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 0)])).await;
+    }
+    let series =
+        "infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"anonymous\",code=\"200\"}";
+    let metrics = crate::support::admin_get(&gw, "/metrics").await;
+    assert_eq!(
+        crate::support::sample(&metrics, series),
+        Some(2.0),
+        "one record each"
+    );
 }
 
 /// GatewayWeightedTwoPools: an HTTPRoute weighting two InferencePools,
@@ -765,7 +785,7 @@ async fn two_pools_weighted_by_a_route_each_follow_their_picker() {
                 &[&serde_json::to_vec(&answer).unwrap()],
             )
             .await;
-        stream.close();
+        stream.close().await;
         *served.entry(replica).or_insert(0) += 1;
     }
     assert_eq!(
@@ -874,7 +894,7 @@ async fn refusals_are_immediate_responses_in_the_openai_shape() {
     stream
         .relay_answer(&decision.endpoints[0], 200, "application/json", &[b"{}"])
         .await;
-    stream.close();
+    stream.close().await;
     let mut stream = envoy.open().await;
     stream.send_request(&chat_body("m"), &[], None).await;
     let refused = stream.immediate().await;
@@ -972,7 +992,7 @@ async fn a_stream_charged_in_tokens_is_settled_on_its_usage_unseen_by_the_client
             String::from_utf8_lossy(done)
         )
     );
-    stream.close();
+    stream.close().await;
     let what = "the usage counted";
     poll_until(DEADLINE, what, || async {
         let metrics = crate::support::admin_get(&gw, "/metrics").await;
