@@ -32,23 +32,26 @@ fn service_name() -> &'static str {
 }
 
 impl Health {
-    /// Serving from now on; readiness follows the gateway's.
-    pub fn start(
+    /// Serving from now on; readiness follows the gateway's. Every
+    /// service is known before the listener opens: a probe never finds
+    /// one missing.
+    pub async fn start(
         state: Arc<State>,
     ) -> (
         Self,
         HealthServer<impl tonic_health::pb::health_server::Health>,
     ) {
         let (reporter, server) = tonic_health::server::health_reporter();
+        for (name, status) in [
+            (LIVENESS, ServingStatus::Serving),
+            (service_name(), ServingStatus::Serving),
+            (READINESS, ServingStatus::NotServing),
+        ] {
+            reporter.set_service_status(name, status).await;
+        }
         let watched = reporter.clone();
         let watcher = tokio::spawn(async move {
-            watched
-                .set_service_status(LIVENESS, ServingStatus::Serving)
-                .await;
-            watched
-                .set_service_status(service_name(), ServingStatus::Serving)
-                .await;
-            let mut last = None;
+            let mut last = Some(false);
             let mut tick = tokio::time::interval(READINESS_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -58,7 +58,7 @@ impl EndpointPicker {
             .await
             .map_err(|e| anyhow::anyhow!("endpoint picker: cannot listen on {address}: {e}"))?;
         let addr = listener.local_addr()?;
-        let (health, health_service) = health::Health::start(Arc::clone(&state));
+        let (health, health_service) = health::Health::start(Arc::clone(&state)).await;
         let processor = ExternalProcessorServer::new(stream::Processor::new(state))
             // Bodies are bounded by the gateway's own limit, not gRPC's
             // default 4 MiB per message.

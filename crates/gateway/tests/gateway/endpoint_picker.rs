@@ -1004,3 +1004,51 @@ async fn a_stream_charged_in_tokens_is_settled_on_its_usage_unseen_by_the_client
     })
     .await;
 }
+
+/// The Gateway's objective header chooses the request's band, as
+/// `x-infergate-priority` does (and infergate's own header wins).
+#[tokio::test]
+async fn the_objective_header_chooses_the_band() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = picker(
+        "  flowControl: {headerMayRaise: true}\n",
+        &pool("p", "m", &[&a]),
+    )
+    .await;
+    let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
+    let asked: [&[(&str, &str)]; 4] = [
+        &[("x-gateway-inference-objective", "critical")],
+        &[("x-gateway-inference-objective", "sheddable")],
+        &[
+            ("x-gateway-inference-objective", "sheddable"),
+            ("x-infergate-priority", "critical"),
+        ],
+        &[("x-gateway-inference-fairness-id", "team-a")],
+    ];
+    for headers in asked {
+        let mut stream = envoy.open().await;
+        stream.send_request(&chat_body("m"), headers, None).await;
+        stream.decision().await;
+        stream.close().await;
+    }
+    let metrics = crate::support::admin_get(&gw, "/metrics").await;
+    let admitted = |band: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("infergate_queue_wait_seconds_count{")
+                    && l.contains(&format!("priority=\"{band}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        [
+            admitted("critical"),
+            admitted("standard"),
+            admitted("sheddable")
+        ],
+        [2.0, 1.0, 1.0],
+        "{metrics}"
+    );
+}
