@@ -1052,3 +1052,120 @@ async fn the_objective_header_chooses_the_band() {
         "{metrics}"
     );
 }
+
+/// The simulator's generated tokens on `replica`.
+async fn generated(replica: &sim::ReplicaHandle) -> f64 {
+    let text = client()
+        .get(format!("http://{}/metrics", replica.local_addr()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("vllm:generation_tokens_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Against simulated vLLM replicas scored on their metrics, in both body
+/// modes: the stand-in forwards to the endpoint the picker chose, the
+/// simulator's streamed answer comes back through the picker chunk by
+/// chunk unchanged, and the tokens were generated where the picker said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_plane_gets_the_simulators_answer_from_the_chosen_replica() {
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        let spec = sim::ReplicaSpec {
+            served_model_name: Some("m".into()),
+            time_scale: 1000.0,
+            ..sim::ReplicaSpec::new("h100", "llama-3.1-8b")
+        };
+        sims.push(
+            sim::start_replica("127.0.0.1:0".parse().unwrap(), spec)
+                .await
+                .unwrap(),
+        );
+    }
+    let pools = format!(
+        "    - {{name: p, engine: vllm, models: [m], endpoints: [\"{}\", \"{}\"]}}\n",
+        sims[0].local_addr(),
+        sims[1].local_addr()
+    );
+    let gw = picker("", &pools).await;
+    poll_until(DEADLINE, "both replicas ready", || async {
+        match gw.ready_endpoints().as_slice() {
+            [(_, 2)] => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+    for mode in [Mode::FullDuplex, Mode::Buffered] {
+        let mut envoy = StandIn::connect(&gw, mode).await;
+        let body = json!({"model": "m", "stream": true, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "tell me a story"}]})
+        .to_string()
+        .into_bytes();
+        let mut stream = envoy.open().await;
+        stream.send_request(&body, &[], None).await;
+        let decision = stream.decision().await;
+        let chosen = decision.endpoints[0].clone();
+        let index = sims
+            .iter()
+            .position(|s| s.local_addr().to_string() == chosen)
+            .expect("a simulated replica");
+        let before = [generated(&sims[0]).await, generated(&sims[1]).await];
+
+        let sent = decision.body.clone().unwrap_or_else(|| body.clone());
+        let mut answer = client()
+            .post(format!("http://{chosen}{CHAT}"))
+            .header("content-type", "application/json")
+            .body(sent)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        stream.response_headers(200, "text/event-stream", Some(&chosen));
+        assert!(matches!(stream.next().await, Answer::ResponseHeaders(_)));
+        let mut client_got = Vec::new();
+        while let Some(chunk) = answer.chunk().await.unwrap() {
+            stream.response_body(&chunk, false);
+            match (mode, stream.next().await) {
+                (Mode::FullDuplex, Answer::ResponseBody(BodyResponse { response })) => {
+                    let mutation = response.unwrap().body_mutation.unwrap().mutation;
+                    let Some(Mutation::StreamedResponse(part)) = mutation else {
+                        panic!("{mutation:?}")
+                    };
+                    assert_eq!(part.body, chunk.to_vec(), "passed on unchanged");
+                    client_got.extend_from_slice(&part.body);
+                }
+                (Mode::Buffered, Answer::ResponseBody(_)) => client_got.extend_from_slice(&chunk),
+                (_, other) => panic!("{other:?}"),
+            }
+        }
+        stream.response_body(b"", true);
+        assert!(matches!(stream.next().await, Answer::ResponseBody(_)));
+        stream.close().await;
+        let text = String::from_utf8(client_got).unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        let after = [generated(&sims[0]).await, generated(&sims[1]).await];
+        assert_eq!(
+            after[index] - before[index],
+            8.0,
+            "{mode:?}: generated where chosen"
+        );
+        assert_eq!(
+            after[1 - index],
+            before[1 - index],
+            "{mode:?}: nothing elsewhere"
+        );
+    }
+    let metrics = crate::support::admin_get(&gw, "/metrics").await;
+    let series = "infergate_ttft_seconds_count{pool=\"p\",model=\"m\"}";
+    assert_eq!(
+        crate::support::sample(&metrics, series),
+        Some(2.0),
+        "{metrics}"
+    );
+}
