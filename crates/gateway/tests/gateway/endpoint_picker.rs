@@ -63,14 +63,23 @@ impl Mode {
 
 /// A gateway whose endpoint picker serves `pools` (YAML list items).
 async fn picker(extra: &str, pools: &str) -> Gateway {
-    Gateway::start(&config(
+    Gateway::start(&picker_config("{address: \"127.0.0.1:0\"}", extra, pools))
+        .await
+        .unwrap()
+}
+
+/// The config of [`picker`], its `endpointPicker` as given.
+fn picker_config(
+    endpoint_picker: &str,
+    extra: &str,
+    pools: &str,
+) -> config::InferenceGatewayConfig {
+    config(
         &format!(
-            "  admin: {{address: \"127.0.0.1:0\"}}\n  endpointPicker: {{address: \"127.0.0.1:0\"}}\n  shutdown: {{drainTimeout: 5s}}\n{extra}"
+            "  admin: {{address: \"127.0.0.1:0\"}}\n  endpointPicker: {endpoint_picker}\n  shutdown: {{drainTimeout: 5s}}\n{extra}"
         ),
         pools,
-    ))
-    .await
-    .unwrap()
+    )
 }
 
 /// One pool `name` serving `model` from `replicas`, round-robin.
@@ -1166,6 +1175,107 @@ async fn the_data_plane_gets_the_simulators_answer_from_the_chosen_replica() {
     assert_eq!(
         crate::support::sample(&metrics, series),
         Some(2.0),
+        "{metrics}"
+    );
+}
+
+/// How many endpoints the picker lists for one request.
+async fn endpoints_listed(envoy: &mut StandIn) -> usize {
+    let mut stream = envoy.open().await;
+    stream.send_request(&chat_body("m"), &[], None).await;
+    let decision = stream.decision().await;
+    stream.close().await;
+    decision.endpoints.len()
+}
+
+/// A reload may change how many fallbacks the picker lists, not where it
+/// listens: that asks for a restart, and nothing of it is applied.
+#[tokio::test]
+async fn a_reload_changes_the_fallbacks_and_not_the_address() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let b = FakeReplica::start("b", Behaviour::Echo).await;
+    let c = FakeReplica::start("c", Behaviour::Echo).await;
+    let pools = pool("p", "m", &[&a, &b, &c]);
+    let gw = picker("", &pools).await;
+    let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
+    assert_eq!(
+        endpoints_listed(&mut envoy).await,
+        3,
+        "the chosen one and two fallbacks"
+    );
+
+    let moved = picker_config("{address: \"127.0.0.1:1\", fallbacks: 0}", "", &pools);
+    let err = gw.apply(&moved).unwrap_err().to_string();
+    assert!(
+        err.contains("spec.endpointPicker.address") && err.contains("restart"),
+        "{err}"
+    );
+    assert_eq!(
+        endpoints_listed(&mut envoy).await,
+        3,
+        "nothing of it applied"
+    );
+
+    gw.apply(&picker_config(
+        "{address: \"127.0.0.1:0\", fallbacks: 0}",
+        "",
+        &pools,
+    ))
+    .unwrap();
+    assert_eq!(
+        endpoints_listed(&mut envoy).await,
+        1,
+        "the chosen one alone"
+    );
+}
+
+/// The gateway's gauge of request-body bytes held.
+async fn buffered_bytes(gw: &Gateway) -> Option<f64> {
+    let metrics = crate::support::admin_get(gw, "/metrics").await;
+    crate::support::sample(&metrics, "infergate_buffered_body_bytes")
+}
+
+/// Envoy resetting the stream (the client left) while the body arrives:
+/// the bytes held for it are given back. After the decision, before any
+/// answer: the request is recorded once, as the client's leaving, and its
+/// replica's load released.
+#[tokio::test]
+async fn a_stream_reset_before_the_answer_leaves_nothing_behind() {
+    let a = FakeReplica::start("a", Behaviour::Echo).await;
+    let gw = picker("", &pool("p", "m", &[&a])).await;
+    let mut envoy = StandIn::connect(&gw, Mode::FullDuplex).await;
+    let mut stream = envoy.open().await;
+    let body = chat_body("m");
+    stream.request_headers(&[], false, None);
+    stream.request_body(&body[..10], false);
+    poll_until(DEADLINE, "10 body bytes held", || async {
+        match buffered_bytes(&gw).await {
+            Some(10.0) => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+    drop(stream);
+    poll_until(DEADLINE, "the body's bytes given back", || async {
+        match buffered_bytes(&gw).await {
+            Some(0.0) => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    })
+    .await;
+
+    let mut stream = envoy.open().await;
+    stream.send_request(&body, &[], None).await;
+    stream.decision().await;
+    in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 1)])).await;
+    drop(stream);
+    in_flight_becomes(&gw, HashMap::from([(a.addr.to_string(), 0)])).await;
+    let metrics = crate::support::admin_get(&gw, "/metrics").await;
+    let series =
+        "infergate_requests_total{pool=\"p\",model=\"m\",tenant=\"anonymous\",code=\"499\"}";
+    assert_eq!(
+        crate::support::sample(&metrics, series),
+        Some(1.0),
         "{metrics}"
     );
 }
