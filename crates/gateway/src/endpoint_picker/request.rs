@@ -110,6 +110,14 @@ pub async fn head(
     if method.as_deref() == Some("GET") && path == "/v1/models" {
         return Err(models(state, generation, &headers).await);
     }
+    // Only the paths the gateway's own listeners forward are picked for:
+    // an engine's admin endpoints stay out of reach unless listed.
+    let Ok(uri) = path.parse::<http::Uri>() else {
+        return Err(ApiError::invalid_path().into_response());
+    };
+    if !generation.forwarded_paths.forwards(uri.path()) {
+        return Err(ApiError::not_found(uri.path()).into_response());
+    }
     let span = telemetry::request_span(&http::Method::POST, &path, &request_id);
     // A mirror's copy carries the trace on, as the gateway's own do.
     let sampling = generation.trace_sampling(peer.ip());
@@ -125,9 +133,6 @@ pub async fn head(
     if state.is_shutting_down() {
         return Err(refuse(*record, ApiError::shutting_down()));
     }
-    let Ok(uri) = path.parse::<http::Uri>() else {
-        return Err(refuse(*record, ApiError::invalid_path()));
-    };
     translate(&mut headers, generation);
     let mut record = record;
     let caller = match pipeline::authenticate_headers(state, generation, &headers, None).await {

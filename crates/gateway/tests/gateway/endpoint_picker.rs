@@ -940,6 +940,13 @@ async fn a_request_without_a_body_is_answered_on_its_head() {
     let list = error_body(&models);
     assert_eq!(list["object"], "list", "{list}");
     assert_eq!(list["data"][0]["id"], "m", "{list}");
+
+    // An engine's admin endpoint is not an inference path: not picked for.
+    let mut stream = envoy.open().await;
+    stream.request_head("POST", "/v1/load_lora_adapter", &[], false, None);
+    let refused = stream.immediate().await;
+    assert_eq!(refused.status.unwrap().code, 404);
+    assert_eq!(error_body(&refused)["error"]["code"], "not_found");
 }
 
 /// A stream charged against a token limit: the picker asks the replica
