@@ -34,6 +34,13 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 /// `timeouts.idle`: longest silence between two events of a stream.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// `endpointPicker.address`: the port the Gateway API Inference
+/// Extension's examples give the endpoint picker.
+pub const ENDPOINT_PICKER_ADDRESS: &str = "0.0.0.0:9002";
+/// `endpointPicker.fallbacks`: replicas listed after the chosen one. A
+/// data plane retries a failed connection down the list; a few cover a
+/// replica that died since the last scrape without making a long header.
+pub const ENDPOINT_PICKER_FALLBACKS: usize = 2;
 /// `shutdown.drainTimeout`.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// `retry.maxRetries`: other replicas tried after a failed connection.

@@ -90,6 +90,11 @@ pub struct Spec {
     pub listeners: Vec<Listener>,
     #[serde(default)]
     pub admin: Option<Admin>,
+    /// Serve the endpoint-picker protocol (Envoy's external processing
+    /// over gRPC) for a Gateway API implementation's InferencePool; off
+    /// when absent. See docs/kubernetes.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_picker: Option<EndpointPicker>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
@@ -232,6 +237,49 @@ pub struct Admin {
     pub address: String,
     #[serde(default)]
     pub tls: Option<ListenerTls>,
+}
+
+/// The endpoint-picker listener: a data plane (Envoy Gateway, kgateway,
+/// Istio, ...) asks it which replica serves each request.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EndpointPicker {
+    /// `host:port` of the gRPC listener (HTTP/2 without TLS, as the
+    /// data planes dial it), `0.0.0.0:9002` by default; port 0 asks the
+    /// OS for a free port.
+    pub address: Option<String>,
+    /// How the data plane sends bodies when its messages do not say
+    /// (Envoy names its processing mode in `protocol_config`).
+    #[serde(default)]
+    pub body_mode: BodyMode,
+    /// Replicas listed after the chosen one, in the picker's order, for
+    /// the data plane to fall back to (2 by default, at most 64).
+    pub fallbacks: Option<usize>,
+}
+
+impl EndpointPicker {
+    pub fn address(&self) -> &str {
+        self.address
+            .as_deref()
+            .unwrap_or(defaults::ENDPOINT_PICKER_ADDRESS)
+    }
+    pub fn fallbacks(&self) -> usize {
+        self.fallbacks
+            .unwrap_or(defaults::ENDPOINT_PICKER_FALLBACKS)
+    }
+}
+
+/// Envoy's `processing_mode` body modes an endpoint picker is used with.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum BodyMode {
+    /// `FULL_DUPLEX_STREAMED`: bodies arrive in chunks and go back as
+    /// streamed mutations (what Envoy-based gateways configure).
+    #[default]
+    FullDuplexStreamed,
+    /// `BUFFERED`: the whole body in one message, after the headers were
+    /// answered.
+    Buffered,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]

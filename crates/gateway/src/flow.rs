@@ -149,6 +149,52 @@ impl OwnedPick {
     }
 }
 
+/// The replicas a request may go to, when the proxy in front names them
+/// (an endpoint picker's subset hint): `ip:port` addresses.
+#[derive(Debug, Clone)]
+pub struct Candidates(pub Vec<String>);
+
+impl Candidates {
+    /// The indices of `picker`'s replicas outside the set, for admission
+    /// to skip; a set that leaves no reachable replica of the pool is
+    /// refused with 503.
+    pub fn excluded(&self, pool: &str, picker: &picker::Picker) -> Result<Vec<usize>, ApiError> {
+        let endpoints = picker.endpoints();
+        let inside = |e: &picker::Endpoint| {
+            let addr = host_port(&e.addr);
+            self.0.iter().any(|c| c == addr)
+        };
+        let eligible = endpoints
+            .iter()
+            .any(|e| inside(e) && e.is_reachable() && !e.draining());
+        if !eligible {
+            let why = if self.0.is_empty() {
+                "the data plane's subset of endpoints is empty".to_owned()
+            } else {
+                format!(
+                    "none of the data plane's subset ({}) is a ready replica",
+                    self.0.join(",")
+                )
+            };
+            return Err(
+                ApiError::no_replicas(pool, &why).with_dropped_reason(DropReason::NoReplicas)
+            );
+        }
+        Ok(endpoints
+            .iter()
+            .filter(|e| !inside(e))
+            .map(|e| e.index)
+            .collect())
+    }
+}
+
+/// A replica's address as `ip:port`, as data planes name endpoints (the
+/// config may give it a scheme).
+pub fn host_port(addr: &str) -> &str {
+    let addr = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    addr.trim_end_matches('/')
+}
+
 /// A replica chosen for a request, with the request's load on it.
 pub struct Admitted {
     pub decision: Decision,
@@ -165,6 +211,15 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The request went to `replica` rather than the one picked (the
+    /// proxy in front of an endpoint picker chose another): its load
+    /// moves there.
+    pub fn move_to(&mut self, replica: &Arc<picker::Endpoint>, tokens: u64) {
+        let moved = replica.acquire(tokens);
+        drop(self.load.replace(moved));
+        self.admission.wake();
+    }
+
     /// The replica sent the first byte of its response; see
     /// [`LoadGuard::answered`].
     pub fn answered(&mut self) {

@@ -6,6 +6,8 @@
 // it top to bottom).
 pub mod auth;
 mod flow;
+// The same path as another proxy's endpoint picker.
+mod endpoint_picker;
 mod inbound;
 mod members;
 mod outbound;
@@ -59,6 +61,8 @@ pub struct Gateway {
     state: Arc<State>,
     listeners: Vec<(String, SocketAddr)>,
     admin: Option<SocketAddr>,
+    /// The endpoint-picker listener, when the config asks for one.
+    endpoint_picker: Option<endpoint_picker::EndpointPicker>,
     stop: watch::Sender<bool>,
     drain: Arc<Drain>,
     accept_loops: Vec<JoinHandle<()>>,
@@ -201,10 +205,22 @@ impl Gateway {
             }
             None => None,
         };
+        let endpoint_picker = match &spec.endpoint_picker {
+            Some(e) => Some(
+                endpoint_picker::EndpointPicker::start(
+                    Arc::clone(&state),
+                    e.address(),
+                    stop_rx.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         Ok(Self {
             state,
             listeners,
             admin,
+            endpoint_picker,
             stop,
             drain,
             accept_loops,
@@ -263,6 +279,11 @@ impl Gateway {
         self.admin
     }
 
+    /// The endpoint-picker listener's address, when it serves.
+    pub fn endpoint_picker_addr(&self) -> Option<SocketAddr> {
+        self.endpoint_picker.as_ref().map(|e| e.addr())
+    }
+
     /// Replica addresses per pool, in config order (useful when replicas
     /// are simulated on OS-chosen ports).
     pub fn pool_endpoints(&self) -> Vec<(String, Vec<String>)> {
@@ -314,14 +335,24 @@ impl Gateway {
     /// Returns whether everything finished in time.
     pub async fn shutdown(self) -> bool {
         self.state.begin_shutdown();
+        // Data planes see the picker going before its listener closes.
+        if let Some(picker) = &self.endpoint_picker {
+            picker.going().await;
+        }
         let _ = self.stop.send(true);
         for task in self.accept_loops {
             let _ = task.await;
         }
         self.drain.start();
-        let drained = tokio::time::timeout(self.drain_timeout, self.drain.finished())
-            .await
-            .is_ok();
+        let http = tokio::time::timeout(self.drain_timeout, self.drain.finished());
+        let picker = async {
+            match self.endpoint_picker {
+                Some(picker) => picker.finish(self.drain_timeout).await,
+                None => true,
+            }
+        };
+        let (http, picker) = tokio::join!(http, picker);
+        let drained = http.is_ok() && picker;
         if !drained {
             tracing::warn!(timeout = ?self.drain_timeout, "drain timed out; closing remaining connections");
         }

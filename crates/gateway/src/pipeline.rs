@@ -35,6 +35,10 @@
 //! 10. record — metrics, access log, load release and the settlement of
 //!     the rate-limit reservation, when the response body ends (record/);
 //!     each stage above runs in its own span
+//!
+//! As the endpoint picker of another proxy (endpoint_picker/), the data
+//! plane receives and forwards: stages 3–8 are [`decide`]'s, the same
+//! functions, and the picker answers with the admitted replica.
 
 use std::sync::Arc;
 
@@ -45,7 +49,7 @@ use tracing::Instrument;
 
 use crate::auth::{AuthError, Identity, Via};
 use crate::error::{ApiError, DropReason};
-use crate::flow::{Admitted, OwnedPick, Ticket};
+use crate::flow::{Admitted, Candidates, OwnedPick, Ticket};
 use crate::generation::Generation;
 use crate::generation::pool::Pool;
 use crate::inbound::edge::{self, MODEL_PREFIX};
@@ -172,9 +176,9 @@ async fn dispatch(
 
 /// The ids a forwarded request carries to its replica.
 #[derive(Clone, Copy)]
-struct Ids<'a> {
-    request: &'a HeaderValue,
-    traceparent: &'a HeaderValue,
+pub(crate) struct Ids<'a> {
+    pub request: &'a HeaderValue,
+    pub traceparent: &'a HeaderValue,
 }
 
 /// Stages 2–9 for one inference request: each stage decides one thing and
@@ -242,9 +246,9 @@ fn infer<'a>(
     }
 }
 
-/// Stages 2–8, from the parsed body to an admitted replica (or the global
+/// Stages 3–8, from the parsed body to an admitted replica (or the global
 /// members), in order.
-async fn decide(
+pub(crate) async fn decide(
     state: &State,
     generation: &Generation,
     worker: WorkerId,
@@ -307,19 +311,50 @@ async fn decide(
 
 /// A request whose caller is known and whose body was read: what every
 /// later stage reads of it.
-struct Received {
+pub(crate) struct Received {
     method: Method,
     uri: http::Uri,
     headers: HeaderMap,
     body: Bytes,
     forwarded: Forwarded,
     caller: Identity,
+    /// The replicas the data plane allows, when it names them (the
+    /// endpoint picker's subset hint); any otherwise.
+    candidates: Option<Candidates>,
     /// Told when a stream starts waiting for a cold pool, so its head
-    /// can go out early.
+    /// can go out early; the endpoint picker's requests have none.
     early: Option<EarlyHead>,
     /// The body's share of the gateway's budget, held until the request
     /// is done with it.
     _held: Held,
+}
+
+/// A request another proxy received and will forward (the endpoint
+/// picker's): its head, whole body and caller, for [`decide`].
+pub(crate) struct Relayed {
+    pub uri: http::Uri,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub forwarded: Forwarded,
+    pub caller: Identity,
+    pub candidates: Option<Candidates>,
+    pub held: Held,
+}
+
+impl From<Relayed> for Received {
+    fn from(r: Relayed) -> Self {
+        Self {
+            method: Method::POST,
+            uri: r.uri,
+            headers: r.headers,
+            body: r.body,
+            forwarded: r.forwarded,
+            caller: r.caller,
+            candidates: r.candidates,
+            early: None,
+            _held: r.held,
+        }
+    }
 }
 
 impl Received {
@@ -380,6 +415,7 @@ async fn receive(
         body,
         forwarded,
         caller,
+        candidates: None,
         early: None,
         _held: held,
     })
@@ -538,6 +574,13 @@ async fn admit(
         asked.body.len() as u64,
         &received.caller,
     )?;
+    // Replicas outside the data plane's subset are never candidates.
+    let excluded = match &received.candidates {
+        Some(candidates) => {
+            candidates.excluded(route.pool.name(), route.pool.runtime().picker())?
+        }
+        None => Vec::new(),
+    };
     let explain = generation.debug.decision_headers
         || record.is_sampled()
         || tracing::event_enabled!(target: DECISION_TARGET, tracing::Level::DEBUG);
@@ -564,7 +607,7 @@ async fn admit(
     let admit_started = Instant::now();
     let admitted = runtime
         .admission()
-        .admit(route.pool.name(), &ticket, pick.clone(), &[])
+        .admit(route.pool.name(), &ticket, pick.clone(), &excluded)
         .instrument(stage_span!("admit", priority = ticket.band.as_str()))
         .await;
     match admitted {
@@ -656,17 +699,17 @@ fn mirror(
     );
 }
 
-/// What stages 2–8 decided: the body to send and where.
-struct Decided {
-    body: Bytes,
-    target: Target,
+/// What stages 3–8 decided: the body to send and where.
+pub(crate) struct Decided {
+    pub body: Bytes,
+    pub target: Target,
 }
 
 /// Who answers the request.
 // One per request, built once and matched at once: boxing the larger
 // variant would cost an allocation and save nothing.
 #[allow(clippy::large_enum_variant)]
-enum Target {
+pub(crate) enum Target {
     /// A local pool's replica, admitted by flow control.
     Replica {
         pool: Arc<Pool>,
@@ -692,6 +735,13 @@ async fn authenticate(
     generation: &Generation,
     req: &Request,
 ) -> Result<Identity, ApiError> {
+    let verified_client = verified_client(generation, req);
+    authenticate_headers(state, generation, &req.headers, verified_client).await
+}
+
+/// The tenant a verified client certificate names, when the config
+/// identifies callers by their certificates.
+fn verified_client<'r>(generation: &Generation, req: &'r Request) -> Option<&'r str> {
     // The tenant a verified client certificate names, when the config
     // identifies callers by their certificates.
     let tenant_from = generation
@@ -701,17 +751,26 @@ async fn authenticate(
         .as_ref()
         .and_then(|a| a.client_certificates.as_ref())
         .map(|c| c.tenant_from);
-    let verified_client = req
-        .client_cert
+    req.client_cert
         .as_deref()
         .zip(tenant_from)
         .and_then(|(cert, from)| match from {
             config::CertificateName::CommonName => cert.common_name.as_deref(),
             config::CertificateName::DnsName => cert.dns_names.first().map(String::as_str),
-        });
+        })
+}
+
+/// Stage 2 from the request's headers (and the tenant its verified
+/// client certificate names).
+pub(crate) async fn authenticate_headers(
+    state: &State,
+    generation: &Generation,
+    headers: &HeaderMap,
+    verified_client: Option<&str>,
+) -> Result<Identity, ApiError> {
     generation
         .auth
-        .authenticate(&req.headers, verified_client)
+        .authenticate(headers, verified_client)
         .await
         .map_err(|e: AuthError| {
             state
@@ -722,7 +781,7 @@ async fn authenticate(
 }
 
 /// The client's request id, or a new one.
-fn request_id(headers: &HeaderMap) -> HeaderValue {
+pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
     headers
         .get(REQUEST_ID)
         .filter(|v| !v.is_empty() && v.len() <= 128)

@@ -69,7 +69,16 @@ pub struct Overrides {
 impl Overrides {
     pub fn apply(&self, config: &mut config::InferenceGatewayConfig) {
         if let Some(address) = &self.listen {
-            config.spec.listeners[0].address = address.clone();
+            match config.spec.listeners.first_mut() {
+                Some(listener) => listener.address = address.clone(),
+                // An endpoint picker's config may have no listener: the
+                // flag gives it one.
+                None => config.spec.listeners.push(config::Listener {
+                    name: "public".to_owned(),
+                    address: address.clone(),
+                    tls: None,
+                }),
+            }
         }
         if let Some(address) = &self.admin_listen {
             let tls = config.spec.admin.take().and_then(|a| a.tls);

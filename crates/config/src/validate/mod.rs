@@ -45,8 +45,11 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     }
     let spec = &config.spec;
 
-    if spec.listeners.is_empty() {
-        p.add("spec.listeners", "at least one listener is required");
+    if spec.listeners.is_empty() && spec.endpoint_picker.is_none() {
+        p.add(
+            "spec.listeners",
+            "at least one listener (or an endpointPicker) is required",
+        );
     }
     let mut addresses: HashMap<String, String> = HashMap::new();
     let mut listener_names: HashMap<&str, usize> = HashMap::new();
@@ -61,6 +64,17 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
     }
     if let Some(admin) = &spec.admin {
         check_bind_address(&mut p, &mut addresses, "spec.admin.address", &admin.address);
+    }
+    if let Some(picker) = &spec.endpoint_picker {
+        check_bind_address(
+            &mut p,
+            &mut addresses,
+            "spec.endpointPicker.address",
+            picker.address(),
+        );
+        if picker.fallbacks.is_some_and(|n| n > 64) {
+            p.add("spec.endpointPicker.fallbacks", "must be at most 64");
+        }
     }
     if spec.limits.max_body_bytes == Some(0) {
         p.add("spec.limits.maxBodyBytes", "must be greater than 0");

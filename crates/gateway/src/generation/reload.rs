@@ -96,9 +96,17 @@ impl Reload {
 struct FixedAtStart {
     listeners: Vec<config::Listener>,
     admin: Option<config::Admin>,
+    /// The endpoint picker's listener address, when it serves.
+    endpoint_picker: Option<String>,
     limits: config::Limits,
     shutdown: config::Shutdown,
     telemetry: config::Telemetry,
+}
+
+fn endpoint_picker_address(spec: &config::Spec) -> Option<String> {
+    spec.endpoint_picker
+        .as_ref()
+        .map(|e| e.address().to_owned())
 }
 
 impl FixedAtStart {
@@ -106,6 +114,7 @@ impl FixedAtStart {
         Self {
             listeners: spec.listeners.clone(),
             admin: spec.admin.clone(),
+            endpoint_picker: endpoint_picker_address(spec),
             limits: spec.limits.clone(),
             shutdown: spec.shutdown.clone(),
             telemetry: spec.telemetry.clone(),
@@ -118,6 +127,10 @@ impl FixedAtStart {
         [
             ("spec.listeners", self.listeners != spec.listeners),
             ("spec.admin", self.admin != spec.admin),
+            (
+                "spec.endpointPicker.address",
+                self.endpoint_picker != endpoint_picker_address(spec),
+            ),
             (
                 "spec.limits.maxConnections",
                 was.max_connections != now.max_connections,

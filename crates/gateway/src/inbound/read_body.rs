@@ -30,6 +30,14 @@ pub struct BodyBudget {
 /// A body's share of the budget, given back when dropped.
 pub struct Held(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 
+impl Held {
+    /// Nothing held yet: a body that arrives in parts takes its share as
+    /// they come.
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
 impl BodyBudget {
     pub fn new(limit: u64, wait: Duration) -> Self {
         let limit = limit.min(Semaphore::MAX_PERMITS as u64);
@@ -46,7 +54,7 @@ impl BodyBudget {
     }
 
     /// `n` more bytes, waiting up to the budget's wait for them.
-    async fn take(&self, n: u64, held: &mut Held) -> Result<(), ApiError> {
+    pub async fn take(&self, n: u64, held: &mut Held) -> Result<(), ApiError> {
         if n == 0 {
             return Ok(());
         }

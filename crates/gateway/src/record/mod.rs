@@ -236,6 +236,14 @@ impl Record {
         }
     }
 
+    /// The proxy in front sent the request to `replica` rather than the
+    /// one picked: the answer is that replica's, and the picker's latency
+    /// features (of the one picked) teach nothing.
+    pub fn served_by(&mut self, replica: &picker::Endpoint) {
+        self.endpoint = Some(replica.addr.clone());
+        self.latency = None;
+    }
+
     /// The request goes to the global member `name`.
     pub fn sent_to_member(&mut self, name: &str) {
         self.member = Some(Arc::from(name));

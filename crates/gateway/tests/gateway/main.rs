@@ -17,7 +17,9 @@
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
 //!   `https://` replicas;
 //! - [`traffic`]: rewrites and canaries, sticky sessions, mirrors;
-//! - [`load_summary`]: what the admin listener tells global routers.
+//! - [`load_summary`]: what the admin listener tells global routers;
+//! - [`endpoint_picker`]: infergate as another proxy's endpoint picker,
+//!   driven by an Envoy stand-in.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -28,6 +30,7 @@ mod attack;
 mod auth;
 mod continuation;
 mod drain;
+mod endpoint_picker;
 mod fleet_page;
 mod flow;
 mod limits;
