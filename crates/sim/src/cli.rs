@@ -3,7 +3,9 @@
 use std::fmt::Write;
 use std::net::IpAddr;
 
-use crate::engine::SchedulingPolicy;
+use crate::disaggregation::Role;
+use crate::engine::kv_transfer::link_preset;
+use crate::engine::{KvLink, SchedulingPolicy};
 use crate::faults::{Faults, MetricsFault};
 use crate::fleet::{Fleet, FleetSpec, start_fleet};
 use crate::kv_cache_events::KvEventsSpec;
@@ -98,6 +100,22 @@ pub struct SimArgs {
     /// Topic of the KV events (vLLM's default is empty).
     #[arg(long, default_value = "", requires = "kv_events_port")]
     pub kv_events_topic: String,
+    /// Prefill/decode disaggregation: the role of each replica in order
+    /// (`prefill`, `decode`, `both`); replicas past the list are `both`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_role)]
+    pub roles: Vec<Role>,
+    /// The link decode replicas pull KV over: `rdma` (400 Gb/s) or `tcp`
+    /// (100 Gb Ethernet).
+    #[arg(long, default_value = "rdma", value_parser = parse_kv_link)]
+    pub kv_link: KvLink,
+}
+
+fn parse_role(name: &str) -> Result<Role, String> {
+    name.parse()
+}
+
+fn parse_kv_link(name: &str) -> Result<KvLink, String> {
+    link_preset(name).ok_or_else(|| format!("unknown KV link `{name}`: use rdma or tcp"))
 }
 
 /// `--dialect`: the dialects the simulator renders, each with the metric
@@ -168,6 +186,8 @@ impl SimArgs {
                 topic: self.kv_events_topic.clone(),
                 ..KvEventsSpec::default()
             }),
+            roles: self.roles.clone(),
+            kv_link: self.kv_link,
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::engine::{Engine, EngineEvent, EngineStats, FinishReason, SimRequest};
+use crate::engine::{Engine, EngineEvent, EngineStats, FinishReason, KvLink, SimRequest};
 use crate::kv_cache_events::KvEventSink;
 use crate::metrics::{FinishKind, FinishedTokens, LatencyBuckets, RequestTotals, RequestTracker};
 
@@ -63,6 +63,8 @@ enum Command {
     Submit {
         id: u64,
         generation: Generation,
+        /// The prompt's KV comes from a prefill replica over this link.
+        remote_kv: Option<KvLink>,
         events: mpsc::UnboundedSender<RequestEvent>,
     },
     Abort {
@@ -124,12 +126,23 @@ impl EngineClient {
     /// Hands a request to the engine. Its events arrive on the returned
     /// handle; dropping the handle before the end aborts the request.
     pub fn submit(&self, generation: Generation) -> Result<RequestHandle, EngineGone> {
+        self.submit_with(generation, None)
+    }
+
+    /// [`submit`](Self::submit), with the prompt's KV pulled over
+    /// `remote_kv` from a prefill replica instead of computed here.
+    pub fn submit_with(
+        &self,
+        generation: Generation,
+        remote_kv: Option<KvLink>,
+    ) -> Result<RequestHandle, EngineGone> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events) = mpsc::unbounded_channel();
         self.commands
             .send(Command::Submit {
                 id,
                 generation,
+                remote_kv,
                 events: events_tx,
             })
             .map_err(|_| EngineGone)?;
@@ -332,6 +345,7 @@ impl EngineActor {
             Command::Submit {
                 id,
                 generation,
+                remote_kv,
                 events,
             } => {
                 self.tracker
@@ -350,7 +364,10 @@ impl EngineActor {
                     adapter: generation.adapter,
                     priority: generation.priority,
                 };
-                self.engine.submit(self.now, request);
+                match remote_kv {
+                    Some(link) => self.engine.submit_with_remote_kv(self.now, request, link),
+                    None => self.engine.submit(self.now, request),
+                }
             }
             Command::Abort { id } => {
                 if let Some(live) = self.requests.remove(&id) {

@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 
 use super::body::{ApiError, ResponseBody, json, read_body};
 use super::connection::Kill;
+use super::disaggregated::{Leg, RoomGuard};
 use super::generate::{self, EventStream, Prompt, Started, StreamWriter};
 use super::openai::{
     ChatCompletionRequest, ChunkIds, CompletionRequest, DONE_EVENT, Endpoint, ResponseHeader,
@@ -55,11 +56,38 @@ async fn generate(
 ) -> Result<Response<ResponseBody>, ApiError> {
     generate::faults(&state).await?;
     let bytes = read_body(body).await?;
-    let parsed = parse(&bytes, endpoint, &state)?;
+    let leg = Leg::of(&bytes, &state.disaggregated)?;
+    let mut parsed = parse(&bytes, endpoint, &state)?;
+    let prompt_tokens = parsed.prompt.tokens.len() as u32;
+    let side = &state.disaggregated;
+    // A disaggregated leg: what this replica computes, and what it hands on.
+    let mut remote_kv = None;
+    let mut hold_for_decode = false;
+    let mut room = None;
+    match &leg {
+        Leg::Whole => {}
+        Leg::VllmPrefill => hold_for_decode = !parsed.stream,
+        Leg::VllmDecode {
+            engine_id,
+            first_block,
+        } => remote_kv = side.pull_held(engine_id, *first_block, prompt_tokens),
+        Leg::SglangPrefill { room: paired } => {
+            // The prefill server computes the prompt and its first token
+            // only; its own answer is that one token, whole.
+            parsed.prompt.max_tokens = Some(1);
+            parsed.stream = false;
+            room = Some(*paired);
+        }
+        Leg::SglangDecode {
+            room: paired,
+            bootstrap,
+        } => remote_kv = Some(side.wait_room(*paired, bootstrap, prompt_tokens).await?),
+    }
+    let room = RoomGuard::new(side, room);
     let prompt_ids = parsed
         .return_token_ids
         .then(|| parsed.prompt.tokens.clone());
-    let mut started = generate::start(&state, parsed.prompt, kill)?;
+    let mut started = generate::start_with(&state, parsed.prompt, kill, remote_kv)?;
     let header = ResponseHeader::new(endpoint, started.model.clone());
 
     if parsed.stream {
@@ -84,10 +112,12 @@ async fn generate(
         .as_ref()
         .map(|_| started.plan.filler().ids(tokens.completion));
     let ids = prompt_ids.as_deref().zip(answer_ids.as_deref());
-    Ok(json(
-        StatusCode::OK,
-        &header.response_with_ids(&text, finished.finish.as_str(), usage, ids),
-    ))
+    let mut response = header.response_with_ids(&text, finished.finish.as_str(), usage, ids);
+    room.complete(tokens.prompt);
+    if hold_for_decode {
+        response["kv_transfer_params"] = side.hold_for_remote_decode(tokens.prompt);
+    }
+    Ok(json(StatusCode::OK, &response))
 }
 
 fn parse(bytes: &[u8], endpoint: Endpoint, state: &AppState) -> Result<Parsed, ApiError> {

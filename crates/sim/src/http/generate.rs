@@ -18,7 +18,7 @@ use super::body::{ApiError, ResponseBody, boxed};
 use super::connection::Kill;
 use super::output::{self, OutputPlan, Resume};
 use super::state::AppState;
-use crate::engine::SchedulingPolicy;
+use crate::engine::{KvLink, SchedulingPolicy};
 use crate::faults::{TokenFault, TokenFaultKind};
 use crate::metrics::{FinishKind, FinishedTokens};
 use crate::replica::{Generation, RequestEvent, RequestHandle};
@@ -75,6 +75,17 @@ pub(super) fn start(
     prompt: Prompt,
     kill: Arc<Kill>,
 ) -> Result<Started, ApiError> {
+    start_with(state, prompt, kill, None)
+}
+
+/// [`start`], with the prompt's KV pulled over `remote_kv` from a prefill
+/// replica (a disaggregated decode) instead of computed here.
+pub(super) fn start_with(
+    state: &AppState,
+    prompt: Prompt,
+    kill: Arc<Kill>,
+    remote_kv: Option<KvLink>,
+) -> Result<Started, ApiError> {
     let (model, adapter) = state.resolve_model(prompt.model.as_deref())?;
     // vLLM refuses a priority its scheduler would ignore.
     if prompt.priority != 0 && state.scheduling_policy != SchedulingPolicy::Priority {
@@ -98,16 +109,17 @@ pub(super) fn start(
     )
     .map_err(ApiError::bad_request)?;
     let prompt_tokens = prompt.tokens.len() as u32;
-    let request = submit(
-        state,
-        Generation {
-            prompt: prompt.tokens,
-            max_tokens: plan.max_tokens,
-            adapter,
-            priority: prompt.priority,
-            limited_by_max_tokens: plan.limited_by_max_tokens,
-        },
-    )?;
+    let generation = Generation {
+        prompt: prompt.tokens,
+        max_tokens: plan.max_tokens,
+        adapter,
+        priority: prompt.priority,
+        limited_by_max_tokens: plan.limited_by_max_tokens,
+    };
+    let request = state
+        .engine
+        .submit_with(generation, remote_kv)
+        .map_err(|_| engine_gone())?;
     let strike = state
         .faults
         .current()
@@ -124,13 +136,15 @@ pub(super) fn start(
 
 /// Hands a generation to the engine; 503 when the engine has stopped.
 pub(super) fn submit(state: &AppState, generation: Generation) -> Result<RequestHandle, ApiError> {
-    state.engine.submit(generation).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            "The engine has stopped.",
-        )
-    })
+    state.engine.submit(generation).map_err(|_| engine_gone())
+}
+
+fn engine_gone() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailable",
+        "The engine has stopped.",
+    )
 }
 
 /// How a request ended in the engine.
