@@ -561,6 +561,10 @@ pub struct Pool {
     /// What requests do while the pool has no ready replica.
     #[serde(default)]
     pub cold_start: ColdStart,
+    /// Prefill/decode disaggregation: the pool's replicas decode, these
+    /// prefill replicas compute long prompts for them.
+    #[serde(default)]
+    pub disaggregation: Option<crate::disaggregation::Disaggregation>,
 }
 
 /// A pool with no ready replica (none yet, all scaled away, all starting)

@@ -10,6 +10,7 @@ use picker::{Scorer, Weights};
 use signals::Dialect;
 
 mod continuation;
+mod disaggregation;
 mod global;
 mod names;
 mod prefix_cache;
@@ -181,6 +182,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
         check_scheduling(&mut p, &path, pool, unreadable);
         prefix_cache::check(&mut p, &format!("{path}.prefixCache"), &pool.prefix_cache);
         continuation::check(&mut p, &path, pool);
+        disaggregation::check(&mut p, &path, pool);
     }
     let every_name_read = !unreadable.covers("spec.pools")
         && (0..spec.pools.len()).all(|i| {
