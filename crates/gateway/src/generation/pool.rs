@@ -23,6 +23,7 @@ use crate::inbound::parse::InferenceRequest;
 use crate::inbound::server::WorkerId;
 use crate::outbound::Connections;
 use crate::outbound::connections::Settings;
+use crate::outbound::disaggregated::Prefills;
 use crate::telemetry::{Metrics, PoolMetrics};
 use crate::tls::client::PoolTls;
 
@@ -532,6 +533,8 @@ pub struct Pool {
     /// The replicas schedule by priority: bodies carry the band.
     engine_priority: bool,
     continuation: Continuation,
+    /// The prefill replicas of a disaggregated pool.
+    disaggregation: Option<Arc<Prefills>>,
 }
 
 impl Pool {
@@ -543,7 +546,16 @@ impl Pool {
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
             continuation: Continuation::new(&spec.continuation),
+            disaggregation: spec
+                .disaggregation
+                .as_ref()
+                .map(|d| Arc::new(Prefills::new(d))),
         }
+    }
+
+    /// The prefill replicas, for a disaggregated pool.
+    pub fn disaggregation(&self) -> Option<&Arc<Prefills>> {
+        self.disaggregation.as_ref()
     }
 
     /// How answers its replicas fail midway go on.

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::continuation::{self, Cause, Outcome};
+use super::disaggregated;
 use super::response_body::{ProxiedBody, ResponseBody};
 use super::{Outgoing, replica_error};
 use crate::error::{ApiError, DropReason};
@@ -53,6 +54,19 @@ pub struct Forward<'a> {
     pub strip_usage: bool,
 }
 
+impl<'a> Forward<'a> {
+    /// The same request with another body (a disaggregated decode leg's).
+    fn with_body<'b>(self, body: &'b Bytes) -> Forward<'b>
+    where
+        'a: 'b,
+    {
+        Forward {
+            outgoing: self.outgoing.with_body(body),
+            ..self
+        }
+    }
+}
+
 /// Send the request to the admitted replica, and to another while none of
 /// it was sent; pass the answer on.
 ///
@@ -67,13 +81,20 @@ pub fn forward(
     mut record: Box<Record>,
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
     async move {
+        // A disaggregated pool's prefill leg, before (vLLM) or beside
+        // (SGLang) the decode leg this stage sends.
+        let split = Box::pin(disaggregated::split(&job, &admitted, &mut record)).await;
+        let job = match &split {
+            Some(split) => job.with_body(&split.body),
+            None => job,
+        };
         let name = job.pool.name();
         let mut tried: Vec<usize> = Vec::new();
         let mut resent = 0;
         loop {
             let sent_at = Instant::now();
             let deadline = sent_at + job.generation.timeouts.first_byte();
-            let again = match send(&job, &admitted, &mut record, deadline).await {
+            let again = match send(&job, split.as_ref(), &admitted, &mut record, deadline).await {
                 Attempt::Answered(mut answer) => {
                     if answer.status.is_success() {
                         record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
@@ -170,6 +191,7 @@ enum Failure {
 /// until `deadline`.
 async fn send(
     job: &Forward<'_>,
+    split: Option<&disaggregated::Split>,
     admitted: &Admitted,
     record: &mut Record,
     deadline: Instant,
@@ -186,7 +208,9 @@ async fn send(
             "no replica has fresh metrics; picked by least-request");
     }
     let connections = job.pool.runtime().connections(job.worker);
-    let sent = tokio::time::timeout_at(deadline, connections.send(&endpoint.addr, &job.outgoing))
+    let sending =
+        disaggregated::send_decode(connections, &endpoint.addr, &job.outgoing, split, record);
+    let sent = tokio::time::timeout_at(deadline, sending)
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
     // The replica has the request from here (or may have part of it):

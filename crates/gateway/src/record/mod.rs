@@ -101,9 +101,59 @@ pub struct Record {
     /// The replicas the answer moved off, each with why and the tokens
     /// the client had by then.
     moves: Vec<Move>,
+    /// The prefill leg of a request to a disaggregated pool.
+    legs: Option<Legs>,
 }
 
 pub use crate::telemetry::decisions::Move;
+
+/// What became of a request to a disaggregated pool: its prefill leg (the
+/// decode leg is the replica the record names as `endpoint`).
+#[derive(Debug)]
+pub struct Legs {
+    /// `vllm` or `sglang`.
+    pub protocol: &'static str,
+    /// `remote` (a prefill replica computed the prompt), `skipped` (the
+    /// decider left a short uncached prompt to the decode replica) or
+    /// `fallback` (the prefill failed: the decode replica did it all).
+    pub outcome: &'static str,
+    /// Prompt tokens the decode replica was not believed to hold.
+    pub uncached_tokens: u64,
+    pub prefill: Option<Arc<str>>,
+    /// How long the prefill leg took, and when it ended (vLLM, whose
+    /// prefill comes first).
+    pub prefill_time: Option<(Duration, Instant)>,
+    /// Prefill replicas that failed before one answered.
+    pub failed_prefills: u32,
+    /// SGLang's concurrent prefill leg, cancelled when the request ends.
+    pub task: Option<crate::outbound::disaggregated::PrefillTask>,
+}
+
+impl Legs {
+    pub fn new(protocol: &'static str, outcome: &'static str, uncached_tokens: u64) -> Self {
+        Self {
+            protocol,
+            outcome,
+            uncached_tokens,
+            prefill: None,
+            prefill_time: None,
+            failed_prefills: 0,
+            task: None,
+        }
+    }
+
+    /// `prefill` computed the prompt in `took`, ending now.
+    pub fn prefilled(&mut self, prefill: Arc<str>, took: Duration) {
+        self.prefill = Some(prefill);
+        self.prefill_time = Some((took, Instant::now()));
+    }
+}
+
+impl std::fmt::Debug for crate::outbound::disaggregated::PrefillTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrefillTask")
+    }
+}
 
 impl Record {
     /// A request that arrived at `start`; `trace_id` is the context it
@@ -150,7 +200,32 @@ impl Record {
             events: 0,
             moves: Vec::new(),
             latency: None,
+            legs: None,
         }
+    }
+
+    /// The request went to a disaggregated pool: its prefill leg.
+    pub fn disaggregated(&mut self, legs: Legs) {
+        self.legs = Some(legs);
+    }
+
+    /// The prefill leg failed after the decode leg was sent with its
+    /// hand-off: the decode replica does it all.
+    pub fn prefill_fell_back(&mut self) {
+        if let Some(legs) = &mut self.legs {
+            legs.outcome = "fallback";
+            legs.task = None;
+        }
+    }
+
+    /// Of the time to first token: the prefill leg's, and the decode leg's
+    /// after it (the KV transfer and the first decode step).
+    fn ttft_split(&self) -> Option<(Duration, Duration)> {
+        let (took, ended) = self.legs.as_ref()?.prefill_time?;
+        let decode = self
+            .ttft?
+            .checked_sub(ended.saturating_duration_since(self.start))?;
+        Some((took, decode))
     }
 
     /// Authentication found who the caller is.

@@ -17,7 +17,9 @@
 //! - [`tls`]: TLS listeners, client certificates, certificate reloads and
 //!   `https://` replicas;
 //! - [`traffic`]: rewrites and canaries, sticky sessions, mirrors;
-//! - [`load_summary`]: what the admin listener tells global routers.
+//! - [`load_summary`]: what the admin listener tells global routers;
+//! - [`disaggregation`]: prefill/decode disaggregation in both engines'
+//!   protocols, its faults and cancellation.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -27,6 +29,7 @@
 mod attack;
 mod auth;
 mod continuation;
+mod disaggregation;
 mod drain;
 mod fleet_page;
 mod flow;

@@ -1,0 +1,506 @@
+//! Prefill/decode disaggregation, on the forward stage: the replica
+//! admission picked is the decode replica (prefix affinity, KV room,
+//! load); this module decides whether a prefill replica computes the
+//! prompt first, picks it (the least prefill work outstanding from this
+//! gateway), and drives the engines' hand-off.
+//!
+//! - **vLLM** (a KV connector such as NixlConnector): the prefill leg goes
+//!   first, non-streamed, `max_tokens: 1`, without `stream_options`, with
+//!   `kv_transfer_params` asking for a remote decode; its answer's
+//!   `kv_transfer_params` go into the decode leg's body. A prefill that
+//!   fails or times out is tried on another prefill replica, then left to
+//!   the decode replica alone.
+//! - **SGLang**: the same body, with `bootstrap_host`, `bootstrap_port` and
+//!   a random `bootstrap_room`, goes to the prefill and the decode at once;
+//!   the decode's answer is the client's. A prefill that fails before the
+//!   decode's answer starts cancels the decode leg, which is sent again
+//!   alone with the plain body.
+//!
+//! Both legs carry the request's `X-Request-Id`. The prefill leg of SGLang
+//! lives in the request's record, so a client that goes away cancels both
+//! legs. Nothing is generated twice: a decode leg is only ever sent again
+//! before any of its answer was read.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use config::KvProtocol;
+use http_body_util::BodyExt;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::connections::{Connections, Error};
+use super::{Outgoing, Response};
+use crate::flow::Admitted;
+use crate::record::{Legs, Record};
+use crate::telemetry::stage_span;
+
+use super::forward::Forward;
+
+/// Largest prefill answer read (a one-token completion and its
+/// `kv_transfer_params` with a block id per 16 prompt tokens).
+const PREFILL_ANSWER_LIMIT: usize = 8 * 1024 * 1024;
+
+/// A disaggregated pool's prefill replicas and settings.
+pub struct Prefills {
+    protocol: KvProtocol,
+    min_uncached_tokens: u64,
+    timeout: Duration,
+    bootstrap_port: u16,
+    replicas: Vec<PrefillReplica>,
+}
+
+/// One prefill replica and the work this gateway has on it.
+pub struct PrefillReplica {
+    pub addr: Arc<str>,
+    /// Its host as a `bootstrap_host` (IPv6 in brackets).
+    host: String,
+    /// Prefill legs in flight.
+    in_flight: AtomicU64,
+    /// Their uncached prompt tokens: the prefill work outstanding.
+    tokens: AtomicU64,
+}
+
+impl PrefillReplica {
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    pub fn outstanding_tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+}
+
+impl Prefills {
+    pub fn new(spec: &config::Disaggregation) -> Self {
+        let replicas = spec
+            .prefill
+            .endpoints
+            .iter()
+            .map(|addr| PrefillReplica {
+                addr: Arc::from(addr.as_str()),
+                host: host_of(addr),
+                in_flight: AtomicU64::new(0),
+                tokens: AtomicU64::new(0),
+            })
+            .collect();
+        Self {
+            protocol: spec.protocol,
+            min_uncached_tokens: u64::from(spec.min_uncached_tokens()),
+            timeout: spec.prefill_timeout(),
+            bootstrap_port: spec.bootstrap_port(),
+            replicas,
+        }
+    }
+
+    pub fn protocol(&self) -> KvProtocol {
+        self.protocol
+    }
+
+    pub fn replicas(&self) -> &[PrefillReplica] {
+        &self.replicas
+    }
+
+    /// The prefill replica with the least prompt work outstanding, then
+    /// the fewest legs, not in `tried`.
+    fn pick(&self, tried: &[usize]) -> Option<usize> {
+        (0..self.replicas.len())
+            .filter(|i| !tried.contains(i))
+            .min_by_key(|&i| {
+                let r = &self.replicas[i];
+                (r.outstanding_tokens(), r.in_flight())
+            })
+    }
+
+    /// Counts a leg of `tokens` on replica `index` until the guard drops.
+    fn load(self: &Arc<Self>, index: usize, tokens: u64) -> PrefillLoad {
+        let replica = &self.replicas[index];
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        replica.tokens.fetch_add(tokens, Ordering::Relaxed);
+        PrefillLoad {
+            prefills: Arc::clone(self),
+            index,
+            tokens,
+        }
+    }
+}
+
+/// `host` of `host:port` as SGLang's `bootstrap_host`: an IPv6 address in
+/// brackets, as the address gives it.
+fn host_of(addr: &str) -> String {
+    match addr.rsplit_once(':') {
+        Some((host, _)) if host.contains(':') && !host.starts_with('[') => format!("[{host}]"),
+        Some((host, _)) => host.to_owned(),
+        None => addr.to_owned(),
+    }
+}
+
+/// A prefill leg's share of its replica's load.
+struct PrefillLoad {
+    prefills: Arc<Prefills>,
+    index: usize,
+    tokens: u64,
+}
+
+impl Drop for PrefillLoad {
+    fn drop(&mut self) {
+        let replica = &self.prefills.replicas[self.index];
+        replica.in_flight.fetch_sub(1, Ordering::Relaxed);
+        replica.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+/// Aborts the SGLang prefill leg's task when the request ends (or its
+/// decode goes on alone).
+pub struct PrefillTask(tokio::task::AbortHandle);
+
+impl Drop for PrefillTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// How the decode leg is sent.
+pub struct Split {
+    /// The decode leg's body.
+    pub body: Bytes,
+    /// The client's body, for the decode alone when the hand-off fails.
+    plain: Bytes,
+    sglang: Option<SglangLeg>,
+}
+
+/// SGLang's concurrent prefill leg: `Some(true)` once it answered,
+/// `Some(false)` once it failed.
+struct SglangLeg {
+    outcome: watch::Receiver<Option<bool>>,
+    /// The room was used by a decode leg; a retry goes alone.
+    room_spent: AtomicBool,
+    abort: tokio::task::AbortHandle,
+}
+
+/// Before the decode leg: whether a prefill replica computes the prompt,
+/// and the body the decode leg is sent with. `None` for a pool that is not
+/// disaggregated, and for a prompt the decider leaves to the decode
+/// replica or whose prefill failed on every prefill replica (vLLM).
+pub async fn split(job: &Forward<'_>, admitted: &Admitted, record: &mut Record) -> Option<Split> {
+    let prefills = job.pool.disaggregation()?;
+    let metrics = job.pool.metrics();
+    let protocol = prefills.protocol.as_str();
+    // What the decode replica must compute itself: the prompt less the
+    // prefix the picker believes it holds.
+    let uncached = admitted
+        .decision
+        .latency
+        .as_ref()
+        .map_or(job.pick.prompt_tokens, |(features, _)| {
+            features.new_prompt_tokens.max(0.0) as u64
+        });
+    if uncached < prefills.min_uncached_tokens {
+        metrics.count_leg("prefill", "skipped");
+        record.disaggregated(Legs::new(protocol, "skipped", uncached));
+        return None;
+    }
+    let mut legs = Legs::new(protocol, "remote", uncached);
+    let split = match prefills.protocol {
+        KvProtocol::Vllm => vllm_prefill(job, prefills, uncached, &mut legs).await,
+        KvProtocol::Sglang => sglang_prefill(job, prefills, uncached, &mut legs),
+    };
+    if split.is_none() {
+        legs.outcome = "fallback";
+    }
+    metrics.count_leg("decode", if split.is_some() { "remote" } else { "local" });
+    record.disaggregated(legs);
+    split
+}
+
+/// vLLM: the prefill leg, on each prefill replica in turn (within the
+/// pool's retries) until one answers with its `kv_transfer_params`.
+async fn vllm_prefill(
+    job: &Forward<'_>,
+    prefills: &Arc<Prefills>,
+    uncached: u64,
+    legs: &mut Legs,
+) -> Option<Split> {
+    let plain = job.outgoing.body.clone();
+    let prefill_body = vllm_prefill_body(&plain)?;
+    let connections = job.pool.runtime().connections(job.worker);
+    let metrics = job.pool.metrics();
+    let mut tried = Vec::new();
+    while tried.len() <= job.pool.max_retries() {
+        let index = prefills.pick(&tried)?;
+        tried.push(index);
+        let replica = &prefills.replicas[index];
+        let _load = prefills.load(index, uncached);
+        let started = Instant::now();
+        let outgoing = job.outgoing.with_body(&prefill_body);
+        let answer = tokio::time::timeout(
+            prefills.timeout,
+            read_prefill(connections, &replica.addr, &outgoing),
+        )
+        .instrument(stage_span!("prefill", endpoint = %replica.addr, otel.kind = "client"))
+        .await;
+        let took = started.elapsed();
+        let failure = match answer {
+            Ok(Ok(answer)) => match answer.get("kv_transfer_params") {
+                Some(params @ Value::Object(_)) => {
+                    metrics.count_leg("prefill", "sent");
+                    metrics.observe_leg("prefill", took);
+                    legs.prefilled(Arc::clone(&replica.addr), took);
+                    let body = with_fields(&plain, [("kv_transfer_params", params.clone())])?;
+                    return Some(Split {
+                        body,
+                        plain,
+                        sglang: None,
+                    });
+                }
+                _ => "its answer carries no kv_transfer_params".to_owned(),
+            },
+            Ok(Err(failure)) => failure,
+            Err(_elapsed) => format!("no answer within {:?}", prefills.timeout),
+        };
+        metrics.count_leg("prefill", "failed");
+        legs.failed_prefills += 1;
+        tracing::warn!(pool = %job.pool.name(), prefill = %replica.addr, error = %failure,
+            "prefill leg failed");
+    }
+    None
+}
+
+/// A prefill leg's whole answer, as JSON, or why there is none.
+async fn read_prefill(
+    connections: &Connections,
+    addr: &str,
+    outgoing: &Outgoing<'_>,
+) -> Result<Value, String> {
+    let answer = connections
+        .send(addr, outgoing)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = answer.status;
+    let body = http_body_util::Limited::new(answer.body, PREFILL_ANSWER_LIMIT)
+        .collect()
+        .await
+        .map_err(|e| format!("its answer broke: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!(
+            "it answered {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(200)])
+        ));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("its answer is not JSON: {e}"))
+}
+
+/// SGLang: the prefill leg starts now, beside the decode leg the forward
+/// stage sends; both carry the prefill's bootstrap address and the room.
+fn sglang_prefill(
+    job: &Forward<'_>,
+    prefills: &Arc<Prefills>,
+    uncached: u64,
+    legs: &mut Legs,
+) -> Option<Split> {
+    let index = prefills.pick(&[])?;
+    let replica = &prefills.replicas[index];
+    let plain = job.outgoing.body.clone();
+    // SGLang's rooms are 0..2^63-1.
+    let room = rand::random::<u64>() >> 1;
+    let body = with_fields(
+        &plain,
+        [
+            ("bootstrap_host", json!(replica.host)),
+            ("bootstrap_port", json!(prefills.bootstrap_port)),
+            ("bootstrap_room", json!(room)),
+        ],
+    )?;
+    let (sender, outcome) = watch::channel(None);
+    let load = prefills.load(index, uncached);
+    let pool = Arc::clone(job.pool);
+    let worker = job.worker;
+    let addr = Arc::clone(&replica.addr);
+    let kept = job.outgoing.keep();
+    let prefill_body = body.clone();
+    let timeout = prefills.timeout;
+    let span = stage_span!("prefill", endpoint = %addr, otel.kind = "client");
+    let task = tokio::spawn(
+        async move {
+            let _load = load;
+            let started = Instant::now();
+            let request = kept.with_body(prefill_body);
+            let leg = async {
+                let answer = pool
+                    .runtime()
+                    .connections(worker)
+                    .send(&addr, &request)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = answer.status;
+                // Read to the end: the prefill is done when its answer is.
+                answer
+                    .body
+                    .collect()
+                    .await
+                    .map_err(|e| format!("its answer broke: {e}"))?;
+                if status.is_success() {
+                    Ok(())
+                } else {
+                    Err(format!("it answered {status}"))
+                }
+            };
+            let outcome = match tokio::time::timeout(timeout, leg).await {
+                Ok(outcome) => outcome,
+                Err(_elapsed) => Err(format!("no answer within {timeout:?}")),
+            };
+            let metrics = pool.metrics();
+            match &outcome {
+                Ok(()) => {
+                    metrics.count_leg("prefill", "sent");
+                    metrics.observe_leg("prefill", started.elapsed());
+                }
+                Err(error) => {
+                    metrics.count_leg("prefill", "failed");
+                    tracing::warn!(pool = %pool.name(), prefill = %addr, %error,
+                        "prefill leg failed");
+                }
+            }
+            let _ = sender.send(Some(outcome.is_ok()));
+        }
+        .instrument(span),
+    );
+    let abort = task.abort_handle();
+    legs.prefill = Some(Arc::clone(&replica.addr));
+    legs.task = Some(PrefillTask(task.abort_handle()));
+    Some(Split {
+        body,
+        plain,
+        sglang: Some(SglangLeg {
+            outcome,
+            room_spent: AtomicBool::new(false),
+            abort,
+        }),
+    })
+}
+
+/// Sends the decode leg. For SGLang, a prefill that fails before the
+/// decode's answer starts cancels it (nothing of it was read), and the
+/// decode replica gets the request alone; a decode sent again after a
+/// failure goes alone too, its room being spent.
+pub async fn send_decode(
+    connections: &Connections,
+    addr: &str,
+    outgoing: &Outgoing<'_>,
+    split: Option<&Split>,
+    record: &mut Record,
+) -> Result<Response, Error> {
+    let Some(Split {
+        plain,
+        sglang: Some(leg),
+        ..
+    }) = split
+    else {
+        return connections.send(addr, outgoing).await;
+    };
+    let alone = outgoing.with_body(plain);
+    if leg.room_spent.swap(true, Ordering::Relaxed) {
+        return connections.send(addr, &alone).await;
+    }
+    let mut outcome = leg.outcome.clone();
+    let prefill_failed = async move {
+        let _ = outcome.wait_for(|o| *o == Some(false)).await;
+        // A prefill that succeeded (or whose task is gone) never fails it.
+        if *outcome.borrow() != Some(false) {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        answer = connections.send(addr, outgoing) => answer,
+        () = prefill_failed => {
+            leg.abort.abort();
+            record.prefill_fell_back();
+            connections.send(addr, &alone).await
+        }
+    }
+}
+
+/// The vLLM prefill leg's body: the client's, asking the prefill replica to
+/// hold the prompt's KV for a remote decode and answer with one token,
+/// whole.
+fn vllm_prefill_body(body: &Bytes) -> Option<Bytes> {
+    let mut value: Value = serde_json::from_slice(body).ok()?;
+    let fields = value.as_object_mut()?;
+    fields.insert(
+        "kv_transfer_params".into(),
+        json!({
+            "do_remote_decode": true,
+            "do_remote_prefill": false,
+            "remote_engine_id": null,
+            "remote_block_ids": null,
+            "remote_host": null,
+            "remote_port": null,
+        }),
+    );
+    fields.insert("max_tokens".into(), json!(1));
+    if fields.contains_key("max_completion_tokens") {
+        fields.insert("max_completion_tokens".into(), json!(1));
+    }
+    fields.insert("stream".into(), json!(false));
+    fields.remove("stream_options");
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
+/// `body` (a JSON object, as the parse stage found it) with `fields` set.
+fn with_fields<const N: usize>(body: &Bytes, fields: [(&str, Value); N]) -> Option<Bytes> {
+    let mut value: Map<String, Value> = serde_json::from_slice(body).ok()?;
+    for (name, field) in fields {
+        value.insert(name.to_owned(), field);
+    }
+    serde_json::to_vec(&value).ok().map(Bytes::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vllm_prefill_leg_asks_for_one_token_whole_and_a_remote_decode() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},"max_completion_tokens":300}"#,
+        );
+        let prefill: Value = serde_json::from_slice(&vllm_prefill_body(&body).unwrap()).unwrap();
+        assert_eq!(prefill["max_tokens"], 1);
+        assert_eq!(prefill["max_completion_tokens"], 1);
+        assert_eq!(prefill["stream"], false);
+        assert!(prefill.get("stream_options").is_none());
+        assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
+        assert_eq!(prefill["kv_transfer_params"]["do_remote_prefill"], false);
+        assert!(prefill["kv_transfer_params"]["remote_block_ids"].is_null());
+        assert_eq!(prefill["model"], "m");
+    }
+
+    #[test]
+    fn bootstrap_hosts_put_ipv6_in_brackets() {
+        assert_eq!(host_of("10.0.0.1:8000"), "10.0.0.1");
+        assert_eq!(host_of("[fd00::1]:8000"), "[fd00::1]");
+        assert_eq!(host_of("prefill-0.svc:8000"), "prefill-0.svc");
+    }
+
+    #[test]
+    fn the_prefill_with_the_least_work_outstanding_is_picked() {
+        let spec: config::Disaggregation = serde_json::from_value(json!({
+            "protocol": "vllm", "prefill": {"endpoints": ["a:1", "b:1", "c:1"]}}))
+        .unwrap();
+        let prefills = Arc::new(Prefills::new(&spec));
+        let busy = prefills.load(0, 4000);
+        let light = prefills.load(1, 600);
+        assert_eq!(prefills.pick(&[]), Some(2));
+        assert_eq!(prefills.pick(&[2]), Some(1));
+        drop(busy);
+        assert_eq!(prefills.pick(&[2]), Some(0));
+        drop(light);
+        assert_eq!(prefills.replicas()[1].outstanding_tokens(), 0);
+        assert_eq!(prefills.pick(&[0, 1, 2]), None);
+    }
+}
