@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use crate::agreement;
+use crate::disaggregation;
 use crate::failover::{self, FailoverOptions};
 use crate::live::GatewayLauncher;
 use crate::policy;
@@ -200,6 +201,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == failover::NAME {
         return run_failover(&args).await;
     }
+    if args.scenario == disaggregation::NAME {
+        return run_disaggregation(&args);
+    }
     let options = args.options()?;
     let mut names = suite::names(&args.scenario, options.mode)?;
     if args.mode == ModeArg::Both {
@@ -278,6 +282,28 @@ async fn run_failover(args: &BenchArgs) -> anyhow::Result<()> {
                 dir.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// `--scenario disaggregation`: virtual time only; of the other options
+/// `--quick`, `--requests`, `--seed` and `--out` apply.
+fn run_disaggregation(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.mode == ModeArg::Live || args.mode == ModeArg::Both {
+        bail!(
+            "{} runs in virtual time only (--mode virtual)",
+            disaggregation::NAME
+        );
+    }
+    let count = args
+        .requests
+        .map_or(if args.quick { 400 } else { 3000 }, |n| n as usize);
+    let rows = disaggregation::rows(count, args.seed);
+    let table = disaggregation::markdown(&rows, count, args.seed);
+    print(&table)?;
+    if let Some(dir) = &args.out {
+        let path = dir.join(format!("{}.md", disaggregation::NAME));
+        std::fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
