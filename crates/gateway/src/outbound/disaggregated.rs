@@ -101,6 +101,10 @@ impl Prefills {
         self.protocol
     }
 
+    pub fn min_uncached_tokens(&self) -> u64 {
+        self.min_uncached_tokens
+    }
+
     pub fn replicas(&self) -> &[PrefillReplica] {
         &self.replicas
     }

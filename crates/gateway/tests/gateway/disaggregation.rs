@@ -136,6 +136,18 @@ async fn vllm_a_long_prompt_is_prefilled_on_the_prefill_replica_and_streamed_by_
     assert_eq!(requests_done(&prefill).await, 1.0);
     assert_eq!(requests_done(&decode).await, 1.0);
 
+    // The fleet page's data shows each replica's role.
+    let pools = debug_pools(&gw).await;
+    let pool = &pools["pools"][0];
+    assert_eq!(pool["endpoints"][0]["role"], "decode");
+    assert_eq!(pool["disaggregation"]["protocol"], "vllm");
+    assert_eq!(
+        pool["disaggregation"]["prefill"][0]["address"],
+        addr(&prefill)
+    );
+    assert_eq!(pool["disaggregation"]["prefill"][0]["role"], "prefill");
+    assert_eq!(pool["disaggregation"]["prefill"][0]["inflightRequests"], 0);
+
     let metrics = admin_get(&gw, "/metrics").await;
     assert_eq!(
         sample(
