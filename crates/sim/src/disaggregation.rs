@@ -38,8 +38,9 @@ pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 /// vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT` default.
 pub const HELD_KV_TIMEOUT_SECONDS: f64 = 480.0;
 
-/// How long a decode waits for its room's prefill, in engine seconds
-/// (SGLang's bootstrap timeout, `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`).
+/// How long a decode waits for its room's prefill, in engine seconds: the
+/// simulator's choice, long enough for any queued prefill (SGLang bounds
+/// the same wait with its `SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT`).
 pub const ROOM_TIMEOUT_SECONDS: f64 = 300.0;
 
 /// What a replica does in a disaggregated deployment.
