@@ -16,7 +16,7 @@ pub fn check(p: &mut Problems, path: &str, pool: &Pool) {
         );
     }
     for (i, endpoint) in d.prefill.endpoints.iter().enumerate() {
-        if !super::is_host_port(endpoint) {
+        if !super::address::is_host_port(endpoint) {
             p.add(
                 format!("{path}.prefill.endpoints[{i}]"),
                 format!("{endpoint:?} is not host:port"),

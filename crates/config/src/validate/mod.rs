@@ -9,6 +9,7 @@ use std::time::Duration;
 use picker::{Scorer, Weights};
 use signals::Dialect;
 
+mod address;
 mod continuation;
 mod disaggregation;
 mod global;
@@ -24,6 +25,7 @@ pub use security::tenant_name;
 use crate::defaults;
 use crate::problem::{Problem, Problems, Unreadable};
 use crate::schema::{EngineScheduling, InferenceGatewayConfig, Policy, Pool, Telemetry};
+pub use address::is_host_port;
 use names::check_name;
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
@@ -515,22 +517,6 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unre
             ),
         );
     }
-}
-
-/// `host:port` with a non-empty host and a numeric port; IPv6 hosts in
-/// brackets.
-pub fn is_host_port(s: &str) -> bool {
-    if s.parse::<std::net::SocketAddr>().is_ok() {
-        return true;
-    }
-    let Some((host, port)) = s.rsplit_once(':') else {
-        return false;
-    };
-    !host.is_empty()
-        && port.parse::<u16>().is_ok()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
 }
 
 #[cfg(test)]

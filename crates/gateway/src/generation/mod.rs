@@ -298,6 +298,7 @@ impl Runtimes {
 
 pub mod drain;
 pub mod pool;
+pub mod prefills;
 mod prefix_events;
 pub mod reload;
 pub mod wake;

@@ -16,6 +16,7 @@ use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use super::drain::{DrainState, Drains, Why};
+use super::prefills::Prefills;
 use super::prefix_events::{EventsSource, Subscriptions};
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
@@ -23,7 +24,6 @@ use crate::inbound::parse::InferenceRequest;
 use crate::inbound::server::WorkerId;
 use crate::outbound::Connections;
 use crate::outbound::connections::Settings;
-use crate::outbound::disaggregated::Prefills;
 use crate::telemetry::{Metrics, PoolMetrics};
 use crate::tls::client::PoolTls;
 

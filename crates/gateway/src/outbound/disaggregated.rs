@@ -22,8 +22,7 @@
 //! before any of its answer was read.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use config::KvProtocol;
@@ -36,137 +35,25 @@ use tracing::Instrument;
 use super::connections::{Connections, Error};
 use super::{Outgoing, Response};
 use crate::flow::Admitted;
+use crate::generation::pool::Pool;
+use crate::generation::prefills::{PrefillTask, Prefills};
+use crate::inbound::server::WorkerId;
 use crate::record::{Legs, Record};
 use crate::telemetry::stage_span;
 
-use super::forward::Forward;
+/// What the disaggregated legs need of the request the forward stage
+/// sends.
+pub struct Job<'a> {
+    pub pool: &'a Arc<Pool>,
+    pub worker: WorkerId,
+    pub outgoing: &'a Outgoing<'a>,
+    /// Estimated prompt tokens, for a pick that did not match prefixes.
+    pub prompt_tokens: u64,
+}
 
 /// Largest prefill answer read (a one-token completion and its
 /// `kv_transfer_params` with a block id per 16 prompt tokens).
 const PREFILL_ANSWER_LIMIT: usize = 8 * 1024 * 1024;
-
-/// A disaggregated pool's prefill replicas and settings.
-pub struct Prefills {
-    protocol: KvProtocol,
-    min_uncached_tokens: u64,
-    timeout: Duration,
-    bootstrap_port: u16,
-    replicas: Vec<PrefillReplica>,
-}
-
-/// One prefill replica and the work this gateway has on it.
-pub struct PrefillReplica {
-    pub addr: Arc<str>,
-    /// Its host as a `bootstrap_host` (IPv6 in brackets).
-    host: String,
-    /// Prefill legs in flight.
-    in_flight: AtomicU64,
-    /// Their uncached prompt tokens: the prefill work outstanding.
-    tokens: AtomicU64,
-}
-
-impl PrefillReplica {
-    pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    pub fn outstanding_tokens(&self) -> u64 {
-        self.tokens.load(Ordering::Relaxed)
-    }
-}
-
-impl Prefills {
-    pub fn new(spec: &config::Disaggregation) -> Self {
-        let replicas = spec
-            .prefill
-            .endpoints
-            .iter()
-            .map(|addr| PrefillReplica {
-                addr: Arc::from(addr.as_str()),
-                host: host_of(addr),
-                in_flight: AtomicU64::new(0),
-                tokens: AtomicU64::new(0),
-            })
-            .collect();
-        Self {
-            protocol: spec.protocol,
-            min_uncached_tokens: u64::from(spec.min_uncached_tokens()),
-            timeout: spec.prefill_timeout(),
-            bootstrap_port: spec.bootstrap_port(),
-            replicas,
-        }
-    }
-
-    pub fn protocol(&self) -> KvProtocol {
-        self.protocol
-    }
-
-    pub fn min_uncached_tokens(&self) -> u64 {
-        self.min_uncached_tokens
-    }
-
-    pub fn replicas(&self) -> &[PrefillReplica] {
-        &self.replicas
-    }
-
-    /// The prefill replica with the least prompt work outstanding, then
-    /// the fewest legs, not in `tried`.
-    fn pick(&self, tried: &[usize]) -> Option<usize> {
-        (0..self.replicas.len())
-            .filter(|i| !tried.contains(i))
-            .min_by_key(|&i| {
-                let r = &self.replicas[i];
-                (r.outstanding_tokens(), r.in_flight())
-            })
-    }
-
-    /// Counts a leg of `tokens` on replica `index` until the guard drops.
-    fn load(self: &Arc<Self>, index: usize, tokens: u64) -> PrefillLoad {
-        let replica = &self.replicas[index];
-        replica.in_flight.fetch_add(1, Ordering::Relaxed);
-        replica.tokens.fetch_add(tokens, Ordering::Relaxed);
-        PrefillLoad {
-            prefills: Arc::clone(self),
-            index,
-            tokens,
-        }
-    }
-}
-
-/// `host` of `host:port` as SGLang's `bootstrap_host`: an IPv6 address in
-/// brackets, as the address gives it.
-fn host_of(addr: &str) -> String {
-    match addr.rsplit_once(':') {
-        Some((host, _)) if host.contains(':') && !host.starts_with('[') => format!("[{host}]"),
-        Some((host, _)) => host.to_owned(),
-        None => addr.to_owned(),
-    }
-}
-
-/// A prefill leg's share of its replica's load.
-struct PrefillLoad {
-    prefills: Arc<Prefills>,
-    index: usize,
-    tokens: u64,
-}
-
-impl Drop for PrefillLoad {
-    fn drop(&mut self) {
-        let replica = &self.prefills.replicas[self.index];
-        replica.in_flight.fetch_sub(1, Ordering::Relaxed);
-        replica.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
-    }
-}
-
-/// Aborts the SGLang prefill leg's task when the request ends (or its
-/// decode goes on alone).
-pub struct PrefillTask(tokio::task::AbortHandle);
-
-impl Drop for PrefillTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// How the decode leg is sent.
 pub struct Split {
@@ -190,26 +77,26 @@ struct SglangLeg {
 /// and the body the decode leg is sent with. `None` for a pool that is not
 /// disaggregated, and for a prompt the decider leaves to the decode
 /// replica or whose prefill failed on every prefill replica (vLLM).
-pub async fn split(job: &Forward<'_>, admitted: &Admitted, record: &mut Record) -> Option<Split> {
+pub async fn split(job: &Job<'_>, admitted: &Admitted, record: &mut Record) -> Option<Split> {
     let prefills = job.pool.disaggregation()?;
     let metrics = job.pool.metrics();
-    let protocol = prefills.protocol.as_str();
+    let protocol = prefills.protocol().as_str();
     // What the decode replica must compute itself: the prompt less the
     // prefix the picker believes it holds.
     let uncached = admitted
         .decision
         .latency
         .as_ref()
-        .map_or(job.pick.prompt_tokens, |(features, _)| {
+        .map_or(job.prompt_tokens, |(features, _)| {
             features.new_prompt_tokens.max(0.0) as u64
         });
-    if uncached < prefills.min_uncached_tokens {
+    if uncached < prefills.min_uncached_tokens() {
         metrics.count_leg("prefill", "skipped");
         record.disaggregated(Legs::new(protocol, "skipped", uncached));
         return None;
     }
     let mut legs = Legs::new(protocol, "remote", uncached);
-    let split = match prefills.protocol {
+    let split = match prefills.protocol() {
         KvProtocol::Vllm => vllm_prefill(job, prefills, uncached, &mut legs).await,
         KvProtocol::Sglang => sglang_prefill(job, prefills, uncached, &mut legs),
     };
@@ -224,7 +111,7 @@ pub async fn split(job: &Forward<'_>, admitted: &Admitted, record: &mut Record) 
 /// vLLM: the prefill leg, on each prefill replica in turn (within the
 /// pool's retries) until one answers with its `kv_transfer_params`.
 async fn vllm_prefill(
-    job: &Forward<'_>,
+    job: &Job<'_>,
     prefills: &Arc<Prefills>,
     uncached: u64,
     legs: &mut Legs,
@@ -237,12 +124,12 @@ async fn vllm_prefill(
     while tried.len() <= job.pool.max_retries() {
         let index = prefills.pick(&tried)?;
         tried.push(index);
-        let replica = &prefills.replicas[index];
+        let replica = &prefills.replicas()[index];
         let _load = prefills.load(index, uncached);
         let started = Instant::now();
         let outgoing = job.outgoing.with_body(&prefill_body);
         let answer = tokio::time::timeout(
-            prefills.timeout,
+            prefills.timeout(),
             read_prefill(connections, &replica.addr, &outgoing),
         )
         .instrument(stage_span!("prefill", endpoint = %replica.addr, otel.kind = "client"))
@@ -264,7 +151,7 @@ async fn vllm_prefill(
                 _ => "its answer carries no kv_transfer_params".to_owned(),
             },
             Ok(Err(failure)) => failure,
-            Err(_elapsed) => format!("no answer within {:?}", prefills.timeout),
+            Err(_elapsed) => format!("no answer within {:?}", prefills.timeout()),
         };
         metrics.count_leg("prefill", "failed");
         legs.failed_prefills += 1;
@@ -302,13 +189,13 @@ async fn read_prefill(
 /// SGLang: the prefill leg starts now, beside the decode leg the forward
 /// stage sends; both carry the prefill's bootstrap address and the room.
 fn sglang_prefill(
-    job: &Forward<'_>,
+    job: &Job<'_>,
     prefills: &Arc<Prefills>,
     uncached: u64,
     legs: &mut Legs,
 ) -> Option<Split> {
     let index = prefills.pick(&[])?;
-    let replica = &prefills.replicas[index];
+    let replica = &prefills.replicas()[index];
     let plain = job.outgoing.body.clone();
     // SGLang's rooms are 0..2^63-1.
     let room = rand::random::<u64>() >> 1;
@@ -316,7 +203,7 @@ fn sglang_prefill(
         &plain,
         [
             ("bootstrap_host", json!(replica.host)),
-            ("bootstrap_port", json!(prefills.bootstrap_port)),
+            ("bootstrap_port", json!(prefills.bootstrap_port())),
             ("bootstrap_room", json!(room)),
         ],
     )?;
@@ -327,7 +214,7 @@ fn sglang_prefill(
     let addr = Arc::clone(&replica.addr);
     let kept = job.outgoing.keep();
     let prefill_body = body.clone();
-    let timeout = prefills.timeout;
+    let timeout = prefills.timeout();
     let span = stage_span!("prefill", endpoint = %addr, otel.kind = "client");
     let task = tokio::spawn(
         async move {
@@ -376,7 +263,7 @@ fn sglang_prefill(
     );
     let abort = task.abort_handle();
     legs.prefill = Some(Arc::clone(&replica.addr));
-    legs.task = Some(PrefillTask(task.abort_handle()));
+    legs.task = Some(PrefillTask::new(task.abort_handle()));
     Some(Split {
         body,
         plain,
@@ -482,29 +369,5 @@ mod tests {
         assert_eq!(prefill["kv_transfer_params"]["do_remote_prefill"], false);
         assert!(prefill["kv_transfer_params"]["remote_block_ids"].is_null());
         assert_eq!(prefill["model"], "m");
-    }
-
-    #[test]
-    fn bootstrap_hosts_put_ipv6_in_brackets() {
-        assert_eq!(host_of("10.0.0.1:8000"), "10.0.0.1");
-        assert_eq!(host_of("[fd00::1]:8000"), "[fd00::1]");
-        assert_eq!(host_of("prefill-0.svc:8000"), "prefill-0.svc");
-    }
-
-    #[test]
-    fn the_prefill_with_the_least_work_outstanding_is_picked() {
-        let spec: config::Disaggregation = serde_json::from_value(json!({
-            "protocol": "vllm", "prefill": {"endpoints": ["a:1", "b:1", "c:1"]}}))
-        .unwrap();
-        let prefills = Arc::new(Prefills::new(&spec));
-        let busy = prefills.load(0, 4000);
-        let light = prefills.load(1, 600);
-        assert_eq!(prefills.pick(&[]), Some(2));
-        assert_eq!(prefills.pick(&[2]), Some(1));
-        drop(busy);
-        assert_eq!(prefills.pick(&[2]), Some(0));
-        drop(light);
-        assert_eq!(prefills.replicas()[1].outstanding_tokens(), 0);
-        assert_eq!(prefills.pick(&[0, 1, 2]), None);
     }
 }

@@ -83,7 +83,13 @@ pub fn forward(
     async move {
         // A disaggregated pool's prefill leg, before (vLLM) or beside
         // (SGLang) the decode leg this stage sends.
-        let split = Box::pin(disaggregated::split(&job, &admitted, &mut record)).await;
+        let legs = disaggregated::Job {
+            pool: job.pool,
+            worker: job.worker,
+            outgoing: &job.outgoing,
+            prompt_tokens: job.pick.prompt_tokens,
+        };
+        let split = Box::pin(disaggregated::split(&legs, &admitted, &mut record)).await;
         let job = match &split {
             Some(split) => job.with_body(&split.body),
             None => job,

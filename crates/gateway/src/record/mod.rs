@@ -126,7 +126,7 @@ pub struct Legs {
     /// Prefill replicas that failed before one answered.
     pub failed_prefills: u32,
     /// SGLang's concurrent prefill leg, cancelled when the request ends.
-    pub task: Option<crate::outbound::disaggregated::PrefillTask>,
+    pub task: Option<crate::generation::prefills::PrefillTask>,
 }
 
 impl Legs {
@@ -146,12 +146,6 @@ impl Legs {
     pub fn prefilled(&mut self, prefill: Arc<str>, took: Duration) {
         self.prefill = Some(prefill);
         self.prefill_time = Some((took, Instant::now()));
-    }
-}
-
-impl std::fmt::Debug for crate::outbound::disaggregated::PrefillTask {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PrefillTask")
     }
 }
 

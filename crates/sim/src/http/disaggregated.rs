@@ -111,11 +111,8 @@ fn vllm_leg(params: &Value, role: Role) -> Result<Leg, ApiError> {
                     "do_remote_prefill needs kv_transfer_params.remote_host (a string)",
                 ));
             }
-            if !params
-                .get("remote_port")
-                .and_then(Value::as_u64)
-                .is_some_and(|port| port <= u64::from(u16::MAX))
-            {
+            let port = params.get("remote_port").and_then(Value::as_u64);
+            if port.is_none_or(|port| port > u64::from(u16::MAX)) {
                 return Err(invalid(
                     "do_remote_prefill needs kv_transfer_params.remote_port (a port number)",
                 ));
