@@ -57,10 +57,8 @@ const PREFILL_ANSWER_LIMIT: usize = 8 * 1024 * 1024;
 
 /// How the decode leg is sent.
 pub struct Split {
-    /// The decode leg's body.
-    pub body: Bytes,
-    /// The client's body, for the decode alone when the hand-off fails.
-    plain: Bytes,
+    /// The decode leg's body: the client's with the hand-off's fields.
+    body: Bytes,
     sglang: Option<SglangLeg>,
 }
 
@@ -142,11 +140,7 @@ async fn vllm_prefill(
                     metrics.observe_leg("prefill", took);
                     legs.prefilled(Arc::clone(&replica.addr), took);
                     let body = with_fields(&plain, [("kv_transfer_params", params.clone())])?;
-                    return Some(Split {
-                        body,
-                        plain,
-                        sglang: None,
-                    });
+                    return Some(Split { body, sglang: None });
                 }
                 _ => "its answer carries no kv_transfer_params".to_owned(),
             },
@@ -266,7 +260,6 @@ fn sglang_prefill(
     legs.task = Some(PrefillTask::new(task.abort_handle()));
     Some(Split {
         body,
-        plain,
         sglang: Some(SglangLeg {
             outcome,
             room_spent: AtomicBool::new(false),
@@ -275,10 +268,11 @@ fn sglang_prefill(
     })
 }
 
-/// Sends the decode leg. For SGLang, a prefill that fails before the
-/// decode's answer starts cancels it (nothing of it was read), and the
-/// decode replica gets the request alone; a decode sent again after a
-/// failure goes alone too, its room being spent.
+/// Sends the decode leg: with the hand-off's fields when the request was
+/// split, else as the client sent it. For SGLang, a prefill that fails
+/// before the decode's answer starts cancels it (nothing of it was read),
+/// and the decode replica gets the client's request alone; a decode sent
+/// again after a failure goes alone too, its room being spent.
 pub async fn send_decode(
     connections: &Connections,
     addr: &str,
@@ -286,17 +280,15 @@ pub async fn send_decode(
     split: Option<&Split>,
     record: &mut Record,
 ) -> Result<Response, Error> {
-    let Some(Split {
-        plain,
-        sglang: Some(leg),
-        ..
-    }) = split
-    else {
+    let Some(split) = split else {
         return connections.send(addr, outgoing).await;
     };
-    let alone = outgoing.with_body(plain);
+    let handed = outgoing.with_body(&split.body);
+    let Some(leg) = &split.sglang else {
+        return connections.send(addr, &handed).await;
+    };
     if leg.room_spent.swap(true, Ordering::Relaxed) {
-        return connections.send(addr, &alone).await;
+        return connections.send(addr, outgoing).await;
     }
     let mut outcome = leg.outcome.clone();
     let prefill_failed = async move {
@@ -307,11 +299,11 @@ pub async fn send_decode(
         }
     };
     tokio::select! {
-        answer = connections.send(addr, outgoing) => answer,
+        answer = connections.send(addr, &handed) => answer,
         () = prefill_failed => {
             leg.abort.abort();
             record.prefill_fell_back();
-            connections.send(addr, &alone).await
+            connections.send(addr, outgoing).await
         }
     }
 }

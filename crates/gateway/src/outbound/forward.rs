@@ -54,19 +54,6 @@ pub struct Forward<'a> {
     pub strip_usage: bool,
 }
 
-impl<'a> Forward<'a> {
-    /// The same request with another body (a disaggregated decode leg's).
-    fn with_body<'b>(self, body: &'b Bytes) -> Forward<'b>
-    where
-        'a: 'b,
-    {
-        Forward {
-            outgoing: self.outgoing.with_body(body),
-            ..self
-        }
-    }
-}
-
 /// Send the request to the admitted replica, and to another while none of
 /// it was sent; pass the answer on.
 ///
@@ -89,11 +76,9 @@ pub fn forward(
             outgoing: &job.outgoing,
             prompt_tokens: job.pick.prompt_tokens,
         };
+        // Only the decode leg's sending reads the split: a continuation or
+        // a resend elsewhere starts from the client's body.
         let split = Box::pin(disaggregated::split(&legs, &admitted, &mut record)).await;
-        let job = match &split {
-            Some(split) => job.with_body(&split.body),
-            None => job,
-        };
         let name = job.pool.name();
         let mut tried: Vec<usize> = Vec::new();
         let mut resent = 0;

@@ -411,3 +411,51 @@ async fn a_client_that_goes_away_cancels_both_legs() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_decode_that_breaks_mid_stream_is_continued_from_the_clients_request() {
+    let (logs, _guard) = Logs::capture();
+    let cut = sim::Faults {
+        cut_after_tokens: Some(3),
+        ..sim::Faults::default()
+    };
+    let prefill = replica(sim::Role::Prefill, 50.0, sim::Faults::default()).await;
+    let breaking = replica(sim::Role::Decode, 50.0, cut).await;
+    let steady = replica(sim::Role::Decode, 50.0, sim::Faults::default()).await;
+    for protocol in ["vllm", "sglang"] {
+        let gw = gateway(
+            &[addr(&breaking), addr(&steady)],
+            &[addr(&prefill)],
+            protocol,
+            "",
+        )
+        .await;
+        // Round-robin: one of the two goes to the replica that breaks.
+        for _ in 0..2 {
+            let resp = within(
+                Duration::from_secs(10),
+                "a whole answer",
+                post(&gw, &chat_body(&long_prompt(), true)),
+            )
+            .await;
+            assert_eq!(resp.status(), 200);
+            let text = resp.text().await.unwrap();
+            assert_eq!(streamed_tokens(&text), 8, "{protocol}: {text}");
+        }
+    }
+    let lines = logs.wait_for_access(4).await;
+    // Every answer the breaking replica started was continued elsewhere.
+    for line in &lines {
+        match line.get("moved") {
+            Some(moved) => assert!(
+                moved.as_str().unwrap().starts_with(&addr(&breaking)),
+                "{line}"
+            ),
+            None => assert_eq!(line["endpoint"], addr(&steady), "{line}"),
+        }
+    }
+    assert!(
+        lines.iter().filter(|l| l.get("moved").is_some()).count() >= 2,
+        "{lines:?}"
+    );
+}
