@@ -77,6 +77,9 @@ struct SglangLeg {
 /// replica or whose prefill failed on every prefill replica (vLLM).
 pub async fn split(job: &Job<'_>, admitted: &Admitted, record: &mut Record) -> Option<Split> {
     let prefills = job.pool.disaggregation()?;
+    // Only generations are split (the engines' protocols are theirs);
+    // embeddings and the rest go to the decode replica as they are.
+    super::continuation::Api::of_path(job.outgoing.uri.path())?;
     let metrics = job.pool.metrics();
     let protocol = prefills.protocol().as_str();
     // What the decode replica must compute itself: the prompt less the

@@ -176,6 +176,7 @@ impl Record {
             moved = (!self.moves.is_empty()).then(|| tracing::field::display(Moves(&self.moves))),
             disaggregation = self.legs.as_ref().map(|l| l.outcome),
             prefill = self.legs.as_ref().and_then(|l| l.prefill.as_deref()),
+            uncached_tokens = self.legs.as_ref().map(|l| l.uncached_tokens),
             prefill_ms = self.ttft_split().map(|(prefill, _)| millis(prefill)),
             decode_ttft_ms = self.ttft_split().map(|(_, decode)| millis(decode)),
             trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),

@@ -212,6 +212,7 @@ async fn the_decider_leaves_a_short_prompt_to_the_decode_replica() {
     assert_eq!(resp.status(), 200);
     let line = logs.wait_for_access(1).await.remove(0);
     assert_eq!(line["disaggregation"], "skipped", "{line}");
+    assert!(line["uncached_tokens"].as_u64().unwrap() < 512, "{line}");
     assert!(line.get("prefill").is_none());
     assert_eq!(requests_done(&prefill).await, 0.0);
     assert_eq!(requests_done(&decode).await, 1.0);
