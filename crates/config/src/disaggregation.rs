@@ -48,13 +48,19 @@ impl KvProtocol {
     }
 }
 
-/// The prefill replicas.
+/// The prefill replicas: static addresses, or pods found by label.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PrefillGroup {
-    /// Static prefill replica addresses (`host:port`).
+    /// Static prefill replica addresses (`host:port`). Exactly one of
+    /// `endpoints` and `endpointSelector` is given.
     #[serde(default)]
     pub endpoints: Vec<String>,
+    /// Every Ready pod these labels select, as a pool's
+    /// `endpointSelector` (llm-d labels its prefill pods
+    /// `llm-d.ai/role: prefill`).
+    #[serde(default)]
+    pub endpoint_selector: Option<crate::schema::EndpointSelector>,
     /// SGLang: the prefill servers' `--disaggregation-bootstrap-port`.
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
@@ -70,7 +76,28 @@ pub struct Decider {
     pub min_uncached_tokens: Option<u32>,
 }
 
+/// The name a pool's prefill group is discovered under: the pool's name
+/// and a suffix no pool name can have (`/`).
+pub fn prefill_group_name(pool: &str) -> String {
+    format!("{pool}{PREFILL_GROUP_SUFFIX}")
+}
+
+/// The pool whose prefill group `name` is, if it is one.
+pub fn prefill_group_of(name: &str) -> Option<&str> {
+    name.strip_suffix(PREFILL_GROUP_SUFFIX)
+}
+
+const PREFILL_GROUP_SUFFIX: &str = "/prefill";
+
 impl Disaggregation {
+    /// Where the prefill replicas are found in Kubernetes, if they are.
+    pub fn prefill_discovery(&self) -> Option<crate::schema::Discovery<'_>> {
+        self.prefill
+            .endpoint_selector
+            .as_ref()
+            .map(crate::schema::Discovery::Selector)
+    }
+
     pub fn min_uncached_tokens(&self) -> u32 {
         self.decider
             .min_uncached_tokens

@@ -9,11 +9,16 @@ pub fn check(p: &mut Problems, path: &str, pool: &Pool) {
         return;
     };
     let path = format!("{path}.disaggregation");
-    if d.prefill.endpoints.is_empty() {
-        p.add(
+    match (d.prefill.endpoints.is_empty(), &d.prefill.endpoint_selector) {
+        (true, None) => p.add(
             format!("{path}.prefill.endpoints"),
-            "at least one prefill replica (host:port) is required",
-        );
+            "at least one prefill replica (host:port) is required (or use endpointSelector)",
+        ),
+        (false, Some(_)) => p.add(
+            format!("{path}.prefill"),
+            "give one of endpoints and endpointSelector, not both",
+        ),
+        _ => {}
     }
     for (i, endpoint) in d.prefill.endpoints.iter().enumerate() {
         if !super::address::is_host_port(endpoint) {
@@ -74,6 +79,29 @@ mod tests {
             "prefill": {"endpoints": ["p:1"], "bootstrapPort": 0}}),
         );
         assert_eq!(zero.len(), 2, "{zero:?}");
+    }
+
+    #[test]
+    fn prefill_replicas_may_be_found_by_label_instead() {
+        let selector = serde_json::json!({"namespace": "ml", "matchLabels": {"llm-d.ai/role": "prefill"}, "port": 8000});
+        assert!(
+            problems(
+                serde_json::json!({"protocol": "vllm", "prefill": {"endpointSelector": selector}})
+            )
+            .is_empty()
+        );
+        let both = problems(serde_json::json!({"protocol": "vllm",
+            "prefill": {"endpoints": ["p:1"], "endpointSelector": selector}}));
+        assert_eq!(both.len(), 1, "{both:?}");
+        assert!(both[0].contains("not both"), "{both:?}");
+        assert_eq!(config_prefill_group(), ("p/prefill".to_owned(), Some("p")));
+    }
+
+    fn config_prefill_group() -> (String, Option<&'static str>) {
+        (
+            crate::prefill_group_name("p"),
+            crate::prefill_group_of("p/prefill"),
+        )
     }
 
     #[test]

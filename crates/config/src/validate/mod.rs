@@ -370,32 +370,18 @@ fn check_engine_priority(p: &mut Problems, path: &str, pool: &Pool) {
 /// Checks of `endpointSelector` and `inferencePool` that need no cluster.
 fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
     if let Some(s) = &pool.endpoint_selector {
-        let sp = format!("{path}.endpointSelector");
-        check_namespace(p, &format!("{sp}.namespace"), &s.namespace);
-        if s.match_labels.is_empty() {
-            p.add(
-                format!("{sp}.matchLabels"),
-                "at least one label is required (an empty selector would take every pod in the namespace)",
-            );
-        }
-        for (key, value) in &s.match_labels {
-            if let Err(e) = check_label(key, value) {
-                p.add(format!("{sp}.matchLabels.{key}"), e);
-            }
-        }
-        match (s.port, &s.port_name) {
-            (Some(_), Some(_)) => p.add(&sp, "give either port or portName, not both"),
-            (None, None) => p.add(&sp, "give the replicas' port: port (a number) or portName"),
-            (Some(0), None) => p.add(format!("{sp}.port"), "must be 1 to 65535"),
-            (None, Some(name)) if name.is_empty() || name.len() > 15 => p.add(
-                format!("{sp}.portName"),
-                format!("{name:?} is not a container port name (1 to 15 characters)"),
-            ),
-            _ => {}
-        }
-        if s.relist_interval == Some(Duration::ZERO) {
-            p.add(format!("{sp}.relistInterval"), "must be greater than 0");
-        }
+        check_selector(p, &format!("{path}.endpointSelector"), s);
+    }
+    let prefill_selector = pool
+        .disaggregation
+        .as_ref()
+        .and_then(|d| d.prefill.endpoint_selector.as_ref());
+    if let Some(s) = prefill_selector {
+        check_selector(
+            p,
+            &format!("{path}.disaggregation.prefill.endpointSelector"),
+            s,
+        );
     }
     if let Some(r) = &pool.inference_pool {
         let rp = format!("{path}.inferencePool");
@@ -415,6 +401,35 @@ fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
             format!("{path}.tls"),
             "discovered replicas are reached over plain HTTP; TLS to them is not supported yet",
         );
+    }
+}
+
+/// An `endpointSelector` at `sp`: a pool's, or its prefill group's.
+fn check_selector(p: &mut Problems, sp: &str, s: &crate::schema::EndpointSelector) {
+    check_namespace(p, &format!("{sp}.namespace"), &s.namespace);
+    if s.match_labels.is_empty() {
+        p.add(
+            format!("{sp}.matchLabels"),
+            "at least one label is required (an empty selector would take every pod in the namespace)",
+        );
+    }
+    for (key, value) in &s.match_labels {
+        if let Err(e) = check_label(key, value) {
+            p.add(format!("{sp}.matchLabels.{key}"), e);
+        }
+    }
+    match (s.port, &s.port_name) {
+        (Some(_), Some(_)) => p.add(sp, "give either port or portName, not both"),
+        (None, None) => p.add(sp, "give the replicas' port: port (a number) or portName"),
+        (Some(0), None) => p.add(format!("{sp}.port"), "must be 1 to 65535"),
+        (None, Some(name)) if name.is_empty() || name.len() > 15 => p.add(
+            format!("{sp}.portName"),
+            format!("{name:?} is not a container port name (1 to 15 characters)"),
+        ),
+        _ => {}
+    }
+    if s.relist_interval == Some(Duration::ZERO) {
+        p.add(format!("{sp}.relistInterval"), "must be greater than 0");
     }
 }
 

@@ -16,7 +16,7 @@ use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use super::drain::{DrainState, Drains, Why};
-use super::prefills::Prefills;
+use super::prefills::{PrefillReplicas, Prefills, set_prefill_addresses};
 use super::prefix_events::{EventsSource, Subscriptions};
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
@@ -46,6 +46,8 @@ pub struct Runtime {
     /// What the replicas' KV-cache events say they hold; empty unless the
     /// pool follows them. Outlives generations, as the caches do.
     prefix_index: Arc<kv_events::index::PoolIndex>,
+    /// A disaggregated pool's prefill replicas, static or discovered.
+    prefill_replicas: PrefillReplicas,
     /// How requests are matched against it, when the pool follows events.
     events: ArcSwapOption<EventsSource>,
     /// Replicas draining: leaving the pool, or drained by hand.
@@ -115,6 +117,7 @@ impl Runtime {
             tls,
             replicas: Mutex::default(),
             prefix_index: kv_events::index::PoolIndex::new(),
+            prefill_replicas: PrefillReplicas::default(),
             events: ArcSwapOption::empty(),
             drains: Arc::new(Drains::new(
                 Arc::from(spec.name.as_str()),
@@ -235,6 +238,11 @@ impl Runtime {
 
     /// The index of the replicas' KV-cache events (empty unless the pool
     /// follows them).
+    /// A disaggregated pool's prefill replicas are now those at `addrs`.
+    pub fn set_prefill_addresses(&self, addrs: &[String]) {
+        set_prefill_addresses(&self.prefill_replicas, addrs);
+    }
+
     pub fn prefix_index(&self) -> &Arc<kv_events::index::PoolIndex> {
         &self.prefix_index
     }
@@ -539,6 +547,10 @@ pub struct Pool {
 
 impl Pool {
     pub fn new(runtime: Arc<Runtime>, metrics: PoolMetrics, spec: &config::Pool) -> Self {
+        let disaggregation = spec
+            .disaggregation
+            .as_ref()
+            .map(|d| Arc::new(Prefills::new(d, Arc::clone(&runtime.prefill_replicas))));
         Self {
             runtime,
             metrics,
@@ -546,10 +558,7 @@ impl Pool {
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
             continuation: Continuation::new(&spec.continuation),
-            disaggregation: spec
-                .disaggregation
-                .as_ref()
-                .map(|d| Arc::new(Prefills::new(d))),
+            disaggregation,
         }
     }
 

@@ -6,7 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use config::KvProtocol;
+
+/// The prefill replicas of a pool, as they change (discovered ones come
+/// and go): shared by the pool's runtime and each generation's [`Prefills`],
+/// so the work counted on a replica outlives reloads.
+pub type PrefillReplicas = Arc<ArcSwap<Vec<Arc<PrefillReplica>>>>;
 
 /// A disaggregated pool's prefill replicas and settings.
 pub struct Prefills {
@@ -14,7 +20,7 @@ pub struct Prefills {
     min_uncached_tokens: u64,
     timeout: Duration,
     bootstrap_port: u16,
-    replicas: Vec<PrefillReplica>,
+    replicas: PrefillReplicas,
 }
 
 /// One prefill replica and the work this gateway has on it.
@@ -29,6 +35,15 @@ pub struct PrefillReplica {
 }
 
 impl PrefillReplica {
+    fn new(addr: &str) -> Self {
+        Self {
+            addr: Arc::from(addr),
+            host: host_of(addr),
+            in_flight: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+        }
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -36,21 +51,37 @@ impl PrefillReplica {
     pub fn outstanding_tokens(&self) -> u64 {
         self.tokens.load(Ordering::Relaxed)
     }
+
+    /// Counts a leg of `tokens` on this replica until the guard drops.
+    pub(crate) fn load(self: &Arc<Self>, tokens: u64) -> PrefillLoad {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        PrefillLoad {
+            replica: Arc::clone(self),
+            tokens,
+        }
+    }
+}
+
+/// Makes `replicas` the replicas at `addrs`, keeping those already there
+/// (with the work counted on them).
+pub fn set_prefill_addresses(replicas: &PrefillReplicas, addrs: &[String]) {
+    let now = replicas.load();
+    let next: Vec<Arc<PrefillReplica>> = addrs
+        .iter()
+        .map(|addr| {
+            now.iter()
+                .find(|r| *r.addr == **addr)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(PrefillReplica::new(addr)))
+        })
+        .collect();
+    replicas.store(Arc::new(next));
 }
 
 impl Prefills {
-    pub fn new(spec: &config::Disaggregation) -> Self {
-        let replicas = spec
-            .prefill
-            .endpoints
-            .iter()
-            .map(|addr| PrefillReplica {
-                addr: Arc::from(addr.as_str()),
-                host: host_of(addr),
-                in_flight: AtomicU64::new(0),
-                tokens: AtomicU64::new(0),
-            })
-            .collect();
+    /// The settings of `spec` over `replicas` (the pool runtime's).
+    pub fn new(spec: &config::Disaggregation, replicas: PrefillReplicas) -> Self {
         Self {
             protocol: spec.protocol,
             min_uncached_tokens: u64::from(spec.min_uncached_tokens()),
@@ -78,31 +109,20 @@ impl Prefills {
         self.bootstrap_port
     }
 
-    pub fn replicas(&self) -> &[PrefillReplica] {
-        &self.replicas
+    /// The prefill replicas now.
+    pub fn replicas(&self) -> Arc<Vec<Arc<PrefillReplica>>> {
+        self.replicas.load_full()
     }
 
     /// The prefill replica with the least prompt work outstanding, then
     /// the fewest legs, not in `tried`.
-    pub(crate) fn pick(&self, tried: &[usize]) -> Option<usize> {
-        (0..self.replicas.len())
-            .filter(|i| !tried.contains(i))
-            .min_by_key(|&i| {
-                let r = &self.replicas[i];
-                (r.outstanding_tokens(), r.in_flight())
-            })
-    }
-
-    /// Counts a leg of `tokens` on replica `index` until the guard drops.
-    pub(crate) fn load(self: &Arc<Self>, index: usize, tokens: u64) -> PrefillLoad {
-        let replica = &self.replicas[index];
-        replica.in_flight.fetch_add(1, Ordering::Relaxed);
-        replica.tokens.fetch_add(tokens, Ordering::Relaxed);
-        PrefillLoad {
-            prefills: Arc::clone(self),
-            index,
-            tokens,
-        }
+    pub(crate) fn pick(&self, tried: &[Arc<str>]) -> Option<Arc<PrefillReplica>> {
+        self.replicas
+            .load()
+            .iter()
+            .filter(|r| !tried.contains(&r.addr))
+            .min_by_key(|r| (r.outstanding_tokens(), r.in_flight()))
+            .cloned()
     }
 }
 
@@ -118,16 +138,16 @@ pub(crate) fn host_of(addr: &str) -> String {
 
 /// A prefill leg's share of its replica's load.
 pub(crate) struct PrefillLoad {
-    prefills: Arc<Prefills>,
-    index: usize,
+    replica: Arc<PrefillReplica>,
     tokens: u64,
 }
 
 impl Drop for PrefillLoad {
     fn drop(&mut self) {
-        let replica = &self.prefills.replicas[self.index];
-        replica.in_flight.fetch_sub(1, Ordering::Relaxed);
-        replica.tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        self.replica.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.replica
+            .tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 
@@ -170,15 +190,31 @@ mod tests {
         let spec: config::Disaggregation = serde_json::from_value(json!({
             "protocol": "vllm", "prefill": {"endpoints": ["a:1", "b:1", "c:1"]}}))
         .unwrap();
-        let prefills = Arc::new(Prefills::new(&spec));
-        let busy = prefills.load(0, 4000);
-        let light = prefills.load(1, 600);
-        assert_eq!(prefills.pick(&[]), Some(2));
-        assert_eq!(prefills.pick(&[2]), Some(1));
+        let replicas = PrefillReplicas::default();
+        set_prefill_addresses(&replicas, &spec.prefill.endpoints);
+        let prefills = Prefills::new(&spec, Arc::clone(&replicas));
+        let all = prefills.replicas();
+        let busy = all[0].load(4000);
+        let light = all[1].load(600);
+        let addr = |r: Option<Arc<PrefillReplica>>| r.map(|r| r.addr.to_string());
+        assert_eq!(addr(prefills.pick(&[])), Some("c:1".into()));
+        assert_eq!(addr(prefills.pick(&[Arc::from("c:1")])), Some("b:1".into()));
         drop(busy);
-        assert_eq!(prefills.pick(&[2]), Some(0));
+        assert_eq!(addr(prefills.pick(&[Arc::from("c:1")])), Some("a:1".into()));
         drop(light);
-        assert_eq!(prefills.replicas()[1].outstanding_tokens(), 0);
-        assert_eq!(prefills.pick(&[0, 1, 2]), None);
+        assert_eq!(all[1].outstanding_tokens(), 0);
+        assert_eq!(
+            addr(prefills.pick(&[Arc::from("a:1"), Arc::from("b:1"), Arc::from("c:1")])),
+            None
+        );
+
+        // A new list keeps the replicas still in it, with their work.
+        let held = all[2].load(100);
+        set_prefill_addresses(&replicas, &["c:1".to_owned(), "d:1".to_owned()]);
+        let now = prefills.replicas();
+        assert_eq!(now.len(), 2);
+        assert_eq!(now[0].outstanding_tokens(), 100);
+        drop(held);
+        assert_eq!(now[0].outstanding_tokens(), 0);
     }
 }

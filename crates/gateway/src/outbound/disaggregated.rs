@@ -123,10 +123,9 @@ async fn vllm_prefill(
     let metrics = job.pool.metrics();
     let mut tried = Vec::new();
     while tried.len() <= job.pool.max_retries() {
-        let index = prefills.pick(&tried)?;
-        tried.push(index);
-        let replica = &prefills.replicas()[index];
-        let _load = prefills.load(index, uncached);
+        let replica = prefills.pick(&tried)?;
+        tried.push(Arc::clone(&replica.addr));
+        let _load = replica.load(uncached);
         let started = Instant::now();
         let outgoing = job.outgoing.with_body(&prefill_body);
         let answer = tokio::time::timeout(
@@ -191,8 +190,7 @@ fn sglang_prefill(
     uncached: u64,
     legs: &mut Legs,
 ) -> Option<Split> {
-    let index = prefills.pick(&[])?;
-    let replica = &prefills.replicas()[index];
+    let replica = prefills.pick(&[])?;
     let plain = job.outgoing.body.clone();
     // SGLang's rooms are 0..2^63-1.
     let room = rand::random::<u64>() >> 1;
@@ -205,7 +203,7 @@ fn sglang_prefill(
         ],
     )?;
     let (sender, outcome) = watch::channel(None);
-    let load = prefills.load(index, uncached);
+    let load = replica.load(uncached);
     let pool = Arc::clone(job.pool);
     let worker = job.worker;
     let addr = Arc::clone(&replica.addr);
