@@ -8,7 +8,6 @@
 //! derived from `schema`, the fields whose YAML form is not their Rust shape.
 
 pub mod defaults;
-mod disaggregation;
 mod global;
 mod json_schema;
 mod load;
@@ -19,7 +18,6 @@ mod security;
 mod traffic;
 mod validate;
 
-pub use disaggregation::*;
 pub use global::*;
 pub use load::{
     api_keys_from_yaml, from_yaml, from_yaml_with, load_file, load_file_with, validated,
