@@ -210,6 +210,7 @@ fn sglang_prefill(
     let kept = job.outgoing.keep();
     let prefill_body = body.clone();
     let timeout = prefills.timeout();
+    let prefill_time = legs.prefill_time.clone();
     let span = stage_span!("prefill", endpoint = %addr, otel.kind = "client");
     let task = tokio::spawn(
         async move {
@@ -243,8 +244,10 @@ fn sglang_prefill(
             let metrics = pool.metrics();
             match &outcome {
                 Ok(()) => {
+                    let took = started.elapsed();
+                    prefill_time.set(took);
                     metrics.count_leg("prefill", "sent");
-                    metrics.observe_leg("prefill", started.elapsed());
+                    metrics.observe_leg("prefill", took);
                 }
                 Err(error) => {
                     metrics.count_leg("prefill", "failed");

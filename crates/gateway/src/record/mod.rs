@@ -120,13 +120,29 @@ pub struct Legs {
     /// Prompt tokens the decode replica was not believed to hold.
     pub uncached_tokens: u64,
     pub prefill: Option<Arc<str>>,
-    /// How long the prefill leg took, and when it ended (vLLM, whose
-    /// prefill comes first).
-    pub prefill_time: Option<(Duration, Instant)>,
+    /// How long the prefill leg took, and when it ended; set by SGLang's
+    /// concurrent leg once it answers.
+    pub prefill_time: PrefillTime,
     /// Prefill replicas that failed before one answered.
     pub failed_prefills: u32,
     /// SGLang's concurrent prefill leg, cancelled when the request ends.
     pub task: Option<crate::generation::prefills::PrefillTask>,
+}
+
+/// A prefill leg's duration and end, once known: written by whichever
+/// task runs the leg, read when the request ends.
+#[derive(Debug, Clone, Default)]
+pub struct PrefillTime(Arc<std::sync::OnceLock<(Duration, Instant)>>);
+
+impl PrefillTime {
+    /// The leg took `took`, ending now.
+    pub fn set(&self, took: Duration) {
+        let _ = self.0.set((took, Instant::now()));
+    }
+
+    pub fn get(&self) -> Option<(Duration, Instant)> {
+        self.0.get().copied()
+    }
 }
 
 impl Legs {
@@ -136,7 +152,7 @@ impl Legs {
             outcome,
             uncached_tokens,
             prefill: None,
-            prefill_time: None,
+            prefill_time: PrefillTime::default(),
             failed_prefills: 0,
             task: None,
         }
@@ -145,7 +161,7 @@ impl Legs {
     /// `prefill` computed the prompt in `took`, ending now.
     pub fn prefilled(&mut self, prefill: Arc<str>, took: Duration) {
         self.prefill = Some(prefill);
-        self.prefill_time = Some((took, Instant::now()));
+        self.prefill_time.set(took);
     }
 }
 
@@ -215,7 +231,7 @@ impl Record {
     /// Of the time to first token: the prefill leg's, and the decode leg's
     /// after it (the KV transfer and the first decode step).
     fn ttft_split(&self) -> Option<(Duration, Duration)> {
-        let (took, ended) = self.legs.as_ref()?.prefill_time?;
+        let (took, ended) = self.legs.as_ref()?.prefill_time.get()?;
         let decode = self
             .ttft?
             .checked_sub(ended.saturating_duration_since(self.start))?;
