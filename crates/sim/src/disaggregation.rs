@@ -30,6 +30,21 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::engine::KvLink;
+use crate::replica::EngineClient;
+
+/// Frees the KV a prefill replica's engine holds for a decode.
+pub(crate) struct Release {
+    pub engine: EngineClient,
+    /// The prefill's id in its engine.
+    pub id: u64,
+}
+
+impl Release {
+    pub(crate) fn release(self) {
+        // A stopped engine holds nothing any more.
+        let _ = self.engine.release_held(self.id);
+    }
+}
 
 /// SGLang's `--disaggregation-bootstrap-port` default.
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
@@ -117,17 +132,19 @@ pub(crate) struct HeldKv {
 /// KV held by vLLM prefill replicas, by (engine id, first block id).
 #[derive(Default)]
 pub(crate) struct HeldBlocks {
-    held: Mutex<HashMap<(String, u64), (HeldKv, Instant)>>,
+    held: Mutex<HashMap<(String, u64), (HeldKv, Option<Release>, Instant)>>,
     next_block: Mutex<u64>,
 }
 
 impl HeldBlocks {
-    /// Holds `kv` until `expires`; the block ids a decode names to pull it.
+    /// Holds `kv` (its blocks freed by `release` once pulled, or at
+    /// `expires`); the block ids a decode names to pull it.
     pub(crate) fn hold(
-        &self,
+        &'static self,
         engine_id: &str,
         kv: HeldKv,
         blocks: u32,
+        release: Option<Release>,
         expires: Instant,
     ) -> Vec<u64> {
         let first = {
@@ -136,21 +153,29 @@ impl HeldBlocks {
             *next += u64::from(blocks.max(1));
             first
         };
-        let mut held = self.held.lock();
-        let now = Instant::now();
-        held.retain(|_, (_, until)| *until > now);
-        held.insert((engine_id.to_owned(), first), (kv, expires));
+        let key = (engine_id.to_owned(), first);
+        self.held.lock().insert(key.clone(), (kv, release, expires));
+        tokio::spawn(async move {
+            tokio::time::sleep_until(expires).await;
+            let expired = self.held.lock().remove(&key);
+            if let Some((_, Some(release), _)) = expired {
+                release.release();
+            }
+        });
         (first..first + u64::from(blocks.max(1))).collect()
     }
 
     /// Takes the KV held under `engine_id` starting at `first_block`, if it
-    /// is still held.
+    /// is still held; the prefill's blocks are freed as it is pulled.
     pub(crate) fn take(&self, engine_id: &str, first_block: u64) -> Option<HeldKv> {
-        let (kv, until) = self
+        let (kv, release, expires) = self
             .held
             .lock()
             .remove(&(engine_id.to_owned(), first_block))?;
-        (until > Instant::now()).then_some(kv)
+        if let Some(release) = release {
+            release.release();
+        }
+        (expires > Instant::now()).then_some(kv)
     }
 }
 
@@ -172,6 +197,9 @@ pub(crate) enum RoomState {
 #[derive(Default)]
 pub(crate) struct Rooms {
     rooms: Mutex<HashMap<u64, (watch::Sender<RoomState>, Instant)>>,
+    /// The prefills' held KV, freed when their decode pulls it (or at the
+    /// room's expiry).
+    held: Mutex<HashMap<u64, Release>>,
 }
 
 impl Rooms {
@@ -186,9 +214,31 @@ impl Rooms {
             .clone()
     }
 
-    /// The prefill side's end of `room`.
-    pub(crate) fn settle(&self, room: u64, state: RoomState, expires: Instant) {
+    /// The prefill side's end of `room`; `release` frees the KV it holds
+    /// once the decode pulls it (or at `expires`).
+    pub(crate) fn settle(
+        &'static self,
+        room: u64,
+        state: RoomState,
+        release: Option<Release>,
+        expires: Instant,
+    ) {
+        if let Some(release) = release {
+            self.held.lock().insert(room, release);
+            tokio::spawn(async move {
+                tokio::time::sleep_until(expires).await;
+                self.release(room);
+            });
+        }
         self.channel(room, expires).send_replace(state);
+    }
+
+    /// Frees the KV `room`'s prefill holds, if it still does.
+    pub(crate) fn release(&self, room: u64) {
+        let held = self.held.lock().remove(&room);
+        if let Some(release) = held {
+            release.release();
+        }
     }
 
     /// Waits until `room`'s prefill is done or failed, up to `deadline`;
@@ -232,31 +282,28 @@ mod tests {
 
     #[tokio::test]
     async fn held_blocks_are_taken_once_and_expire() {
-        let blocks = HeldBlocks::default();
+        let blocks: &'static HeldBlocks = Box::leak(Box::default());
         let later = Instant::now() + Duration::from_secs(60);
         let kv = HeldKv { prompt_tokens: 40 };
-        let ids = blocks.hold("e", kv, 3, later);
+        let ids = blocks.hold("e", kv, 3, None, later);
         assert_eq!(ids.len(), 3);
         assert_eq!(blocks.take("e", ids[0]), Some(kv));
         assert_eq!(blocks.take("e", ids[0]), None, "pulled once");
-        let gone = blocks.hold("e", kv, 1, Instant::now());
+        let gone = blocks.hold("e", kv, 1, None, Instant::now());
         assert_eq!(blocks.take("e", gone[0]), None, "expired");
     }
 
     #[tokio::test]
     async fn a_decode_waiting_first_hears_its_prefill() {
-        let rooms = std::sync::Arc::new(Rooms::default());
+        let rooms: &'static Rooms = Box::leak(Box::default());
         let deadline = Instant::now() + Duration::from_secs(10);
-        let waiter = {
-            let rooms = rooms.clone();
-            tokio::spawn(async move { rooms.wait(7, deadline).await })
-        };
+        let waiter = tokio::spawn(async move { rooms.wait(7, deadline).await });
         tokio::task::yield_now().await;
         let ready = RoomState::Ready {
             bootstrap: ("127.0.0.1".into(), 8998),
             prompt_tokens: 12,
         };
-        rooms.settle(7, ready.clone(), deadline);
+        rooms.settle(7, ready.clone(), None, deadline);
         assert_eq!(waiter.await.unwrap(), ready);
         let soon = Instant::now() + Duration::from_millis(10);
         assert!(matches!(rooms.wait(8, soon).await, RoomState::Failed(_)));

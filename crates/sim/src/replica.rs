@@ -59,13 +59,28 @@ pub struct Generation {
     pub limited_by_max_tokens: bool,
 }
 
+/// Where a request's prompt KV comes from and goes to, in prefill/decode
+/// disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvHandoff {
+    /// Computed here, freed at the end: an ordinary request.
+    Local,
+    /// Pulled over this link from a prefill replica (a decode).
+    Pull(KvLink),
+    /// Computed here and held after the end for a decode to pull (a
+    /// prefill), until [`EngineClient::release_held`].
+    Hold,
+}
+
 enum Command {
     Submit {
         id: u64,
         generation: Generation,
-        /// The prompt's KV comes from a prefill replica over this link.
-        remote_kv: Option<KvLink>,
+        handoff: KvHandoff,
         events: mpsc::UnboundedSender<RequestEvent>,
+    },
+    ReleaseHeld {
+        id: u64,
     },
     Abort {
         id: u64,
@@ -126,15 +141,15 @@ impl EngineClient {
     /// Hands a request to the engine. Its events arrive on the returned
     /// handle; dropping the handle before the end aborts the request.
     pub fn submit(&self, generation: Generation) -> Result<RequestHandle, EngineGone> {
-        self.submit_with(generation, None)
+        self.submit_with(generation, KvHandoff::Local)
     }
 
-    /// [`submit`](Self::submit), with the prompt's KV pulled over
-    /// `remote_kv` from a prefill replica instead of computed here.
+    /// [`submit`](Self::submit), with the prompt's KV pulled from a
+    /// prefill replica, or held for a decode replica.
     pub fn submit_with(
         &self,
         generation: Generation,
-        remote_kv: Option<KvLink>,
+        handoff: KvHandoff,
     ) -> Result<RequestHandle, EngineGone> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events) = mpsc::unbounded_channel();
@@ -142,7 +157,7 @@ impl EngineClient {
             .send(Command::Submit {
                 id,
                 generation,
-                remote_kv,
+                handoff,
                 events: events_tx,
             })
             .map_err(|_| EngineGone)?;
@@ -166,6 +181,11 @@ impl EngineClient {
         self.send(Command::UnregisterAdapter {
             name: name.to_owned(),
         })
+    }
+
+    /// The KV request `id` held for a decode is free (pulled or expired).
+    pub fn release_held(&self, id: u64) -> Result<(), EngineGone> {
+        self.send(Command::ReleaseHeld { id })
     }
 
     pub fn set_slowdown(&self, factor: f64) -> Result<(), EngineGone> {
@@ -205,6 +225,11 @@ pub struct RequestHandle {
 }
 
 impl RequestHandle {
+    /// The request's id in its engine.
+    pub fn id(&self) -> u64 {
+        self.abort.id
+    }
+
     /// The next event; `None` if the engine stopped.
     pub async fn next(&mut self) -> Option<RequestEvent> {
         let event = self.events.recv().await;
@@ -345,7 +370,7 @@ impl EngineActor {
             Command::Submit {
                 id,
                 generation,
-                remote_kv,
+                handoff,
                 events,
             } => {
                 self.tracker
@@ -364,11 +389,15 @@ impl EngineActor {
                     adapter: generation.adapter,
                     priority: generation.priority,
                 };
-                match remote_kv {
-                    Some(link) => self.engine.submit_with_remote_kv(self.now, request, link),
-                    None => self.engine.submit(self.now, request),
+                match handoff {
+                    KvHandoff::Local => self.engine.submit(self.now, request),
+                    KvHandoff::Pull(link) => {
+                        self.engine.submit_with_remote_kv(self.now, request, link);
+                    }
+                    KvHandoff::Hold => self.engine.submit_holding_kv(self.now, request),
                 }
             }
+            Command::ReleaseHeld { id } => self.engine.release_held(self.now, id),
             Command::Abort { id } => {
                 if let Some(live) = self.requests.remove(&id) {
                     self.engine.abort(self.now, id);

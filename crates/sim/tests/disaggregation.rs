@@ -89,6 +89,19 @@ async fn vllm_prefill_hands_its_kv_to_the_decode_which_skips_the_prefill() {
         prompt_tokens.div_ceil(16)
     );
 
+    // The prefill replica holds the prompt's KV for the decode.
+    let kv_usage = |http: Http| async move {
+        let metrics = http.metrics().await;
+        metrics
+            .matching("vllm:kv_cache_usage_perc", &[])
+            .map(|sample| sample.value)
+            .sum::<f64>()
+    };
+    assert!(
+        kv_usage(Http::new(prefill.local_addr())).await > 0.0,
+        "held for the decode"
+    );
+
     // The decode leg pulls the held KV: its first token comes after the
     // transfer and one step, not after a prefill of the whole prompt.
     let decode_leg = chat(
@@ -97,6 +110,11 @@ async fn vllm_prefill_hands_its_kv_to_the_decode_which_skips_the_prefill() {
     );
     let (remote_ttft, tokens) = streamed_ttft(&d, &decode_leg).await;
     assert_eq!(tokens, 8);
+    assert_eq!(
+        kv_usage(Http::new(prefill.local_addr())).await,
+        0.0,
+        "freed once pulled"
+    );
     // The same params again name KV already pulled: vLLM's recompute
     // policy prefills here instead (a fresh replica, so no prefix cache).
     let fresh = replica(spec(Role::Decode, 1.0)).await;

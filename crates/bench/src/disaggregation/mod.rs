@@ -5,7 +5,8 @@
 //! What is modelled:
 //! - **Replicas**: one simulator [`Engine`] per GPU (an 8B model on an
 //!   H100), exactly as a simulated replica runs it; prefill replicas answer
-//!   one token, decode replicas take the prompt's KV over the link
+//!   one token and hold the prompt's KV until the decode replica has it,
+//!   decode replicas take the prompt's KV over the link
 //!   ([`Engine::submit_with_remote_kv`]: only the blocks their prefix cache
 //!   lacks cross it, then one step computes the last prompt token).
 //! - **Picking** (the gateway's order): the decode replica first, by the

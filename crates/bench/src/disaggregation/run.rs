@@ -52,6 +52,8 @@ struct Live {
     decode_work: u64,
     /// The prefill replica and the work counted on it, while it prefills.
     prefill: Option<(usize, u64)>,
+    /// The prefill replica holding the prompt's KV until the decode has it.
+    held_on: Option<usize>,
     first_token: Option<f64>,
 }
 
@@ -145,6 +147,7 @@ impl Simulation<'_> {
             decode,
             decode_work,
             prefill: None,
+            held_on: None,
             first_token: None,
         };
         if local {
@@ -154,7 +157,7 @@ impl Simulation<'_> {
             let prefill = self.least_work(0..self.fleet.prefill);
             self.work[prefill] += u64::from(uncached);
             live.prefill = Some((prefill, u64::from(uncached)));
-            self.engines[prefill].submit(at, sim_request(&request, prompt, 1));
+            self.engines[prefill].submit_holding_kv(at, sim_request(&request, prompt, 1));
             self.reschedule(prefill);
             self.results.requests[request.id as usize].remote = true;
         }
@@ -196,6 +199,7 @@ impl Simulation<'_> {
             EngineEvent::Finished { at, .. } if prefilling => {
                 let (prefill, work) = live.prefill.take().expect("prefilling");
                 self.work[prefill] -= work;
+                live.held_on = Some(prefill);
                 let request = live.request;
                 let decode = live.decode;
                 let prompt = synthetic_prompt(request.id, request.prompt_tokens);
@@ -206,7 +210,14 @@ impl Simulation<'_> {
                 );
                 self.reschedule(decode);
             }
-            EngineEvent::FirstToken { at, .. } if !prefilling => live.first_token = Some(at),
+            EngineEvent::FirstToken { at, .. } if !prefilling => {
+                live.first_token = Some(at);
+                // The decode has the KV: the prefill replica's copy is free.
+                if let Some(prefill) = live.held_on.take() {
+                    self.engines[prefill].release_held(at, id);
+                    self.reschedule(prefill);
+                }
+            }
             EngineEvent::Finished {
                 at,
                 completion_tokens,

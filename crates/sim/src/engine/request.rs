@@ -45,6 +45,8 @@ pub(crate) struct Request {
     /// The prompt's KV came from a prefill replica: at admission only the
     /// last prompt token is computed (vLLM's remote prefill).
     pub remote_kv: bool,
+    /// Its KV outlives it, held for a remote decode to pull.
+    pub hold_kv: bool,
 }
 
 impl Request {
@@ -66,6 +68,7 @@ impl Request {
             blocks: Vec::new(),
             registered_blocks: 0,
             remote_kv: false,
+            hold_kv: false,
         }
     }
 

@@ -116,6 +116,8 @@ pub struct Engine {
     /// Requests whose prompt KV is in transit, by the time it lands
     /// (ascending); entries of aborted requests go stale.
     arriving: Vec<(f64, SlotRef)>,
+    /// KV blocks of finished requests held for a remote decode, by id.
+    held: HashMap<u64, Vec<u32>>,
 }
 
 impl Engine {
@@ -149,6 +151,7 @@ impl Engine {
             hits: Vec::new(),
             counters: Counters::default(),
             arriving: Vec::new(),
+            held: HashMap::new(),
             cfg,
         }
     }
@@ -253,6 +256,27 @@ impl Engine {
         self.arriving.insert(index, entry);
     }
 
+    /// Accept a request whose KV a remote decode will pull (a prefill
+    /// replica's): when it finishes, its blocks stay in use until
+    /// [`Engine::release_held`], as vLLM's prefill holds them for the
+    /// decode's read.
+    pub fn submit_holding_kv(&mut self, now: f64, req: SimRequest) {
+        let id = req.id;
+        self.submit(now, req);
+        if let Some(&slot) = self.by_id.get(&id) {
+            self.requests.get_mut(slot).hold_kv = true;
+        }
+    }
+
+    /// The KV a finished request held for a remote decode is free: pulled,
+    /// or its hold expired. Unknown ids are ignored.
+    pub fn release_held(&mut self, now: f64, id: u64) {
+        self.catch_up(now);
+        if let Some(mut blocks) = self.held.remove(&id) {
+            self.kv.free(&mut blocks);
+        }
+    }
+
     /// Prompt tokens of `r` the prefix cache holds now (never the last).
     fn local_prefix_tokens(&self, r: &super::request::Request) -> u32 {
         let block_size = self.cfg.block_size;
@@ -300,6 +324,7 @@ impl Engine {
         r.hash_root = hash_root;
         r.registered_blocks = 0;
         r.remote_kv = false;
+        r.hold_kv = false;
         if self.cfg.enable_prefix_caching {
             let prompt_len = r.prompt_len();
             r.hash_blocks(&mut self.hasher, self.cfg.block_size, prompt_len);
@@ -884,7 +909,11 @@ impl Engine {
                 cached_tokens,
                 reason: FinishReason::Length,
             });
-            self.kv.free(&mut r.blocks);
+            if r.hold_kv {
+                self.held.insert(r.id, std::mem::take(&mut r.blocks));
+            } else {
+                self.kv.free(&mut r.blocks);
+            }
             let (id, adapter) = (r.id, r.adapter);
             if let Some(a) = adapter {
                 self.lora.release(a);

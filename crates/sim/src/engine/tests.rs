@@ -858,3 +858,16 @@ fn a_request_aborted_during_its_transfer_never_runs() {
     );
     assert_eq!(engine.counters().steps_total, 0);
 }
+
+#[test]
+fn a_prefill_holds_its_kv_until_the_decode_pulls_it() {
+    let mut engine = Engine::new(config("h100", "llama-3.1-8b"));
+    engine.submit_holding_kv(0.0, request(1, synthetic_prompt(1, 4000), 1));
+    let events = drain(&mut engine, |_| {});
+    assert_eq!(finished(&events, 1).1, 1);
+    let held = engine.stats().kv_usage;
+    assert!(held > 0.0, "the finished prefill's blocks stay in use");
+    engine.release_held(1.0, 1);
+    assert_eq!(engine.stats().kv_usage, 0.0);
+    engine.release_held(2.0, 1);
+}

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::body::ApiError;
 use crate::disaggregation::{
     self, DisaggregationSpec, HELD_BLOCKS, HELD_KV_TIMEOUT_SECONDS, HeldKv, ROOM_TIMEOUT_SECONDS,
-    ROOMS, Role, RoomState,
+    ROOMS, Release, Role, RoomState,
 };
 use crate::engine::KvLink;
 
@@ -193,13 +193,15 @@ impl Disaggregated {
         Instant::now() + disaggregation::wall(engine_seconds, self.time_scale)
     }
 
-    /// vLLM prefill done: hold the prompt's KV and say how to pull it.
-    pub(super) fn hold_for_remote_decode(&self, prompt_tokens: u32) -> Value {
+    /// vLLM prefill done: hold the prompt's KV (freed by `release` when a
+    /// decode pulls it, or when the hold expires) and say how to pull it.
+    pub(super) fn hold_for_remote_decode(&self, prompt_tokens: u32, release: Release) -> Value {
         let blocks = prompt_tokens.div_ceil(self.block_size.max(1));
         let ids = HELD_BLOCKS.hold(
             &self.engine_id,
             HeldKv { prompt_tokens },
             blocks,
+            Some(release),
             self.deadline(HELD_KV_TIMEOUT_SECONDS),
         );
         json!({
@@ -236,16 +238,20 @@ impl Disaggregated {
         }
     }
 
-    /// SGLang prefill: the decode of `room` may pull now (or must give up).
-    pub(super) fn settle_room(&self, room: u64, outcome: Result<u32, String>) {
-        let state = match outcome {
-            Ok(prompt_tokens) => RoomState::Ready {
-                bootstrap: (bracketed(self.addr.ip()), self.spec.bootstrap_port),
-                prompt_tokens,
-            },
-            Err(reason) => RoomState::Failed(reason),
+    /// SGLang prefill: the decode of `room` may pull now, the prefill's KV
+    /// held until it does (or must give up).
+    pub(super) fn settle_room(&self, room: u64, outcome: Result<(u32, Release), String>) {
+        let (state, release) = match outcome {
+            Ok((prompt_tokens, release)) => (
+                RoomState::Ready {
+                    bootstrap: (bracketed(self.addr.ip()), self.spec.bootstrap_port),
+                    prompt_tokens,
+                },
+                Some(release),
+            ),
+            Err(reason) => (RoomState::Failed(reason), None),
         };
-        ROOMS.settle(room, state, self.deadline(ROOM_TIMEOUT_SECONDS));
+        ROOMS.settle(room, state, release, self.deadline(ROOM_TIMEOUT_SECONDS));
     }
 
     /// SGLang decode: waits for `room`'s prefill; the link to pull over, or
@@ -279,6 +285,8 @@ impl Disaggregated {
                         "the prefill computed {computed} tokens, this prompt has {prompt_tokens}"
                     )));
                 }
+                // Pulled: the prefill's copy is free.
+                ROOMS.release(room);
                 Ok(self.spec.link)
             }
             RoomState::Failed(reason) => Err(failed(reason)),
@@ -299,9 +307,9 @@ impl<'a> RoomGuard<'a> {
         Self { side, room }
     }
 
-    pub(super) fn complete(mut self, prompt_tokens: u32) {
+    pub(super) fn complete(mut self, prompt_tokens: u32, release: Release) {
         if let Some(room) = self.room.take() {
-            self.side.settle_room(room, Ok(prompt_tokens));
+            self.side.settle_room(room, Ok((prompt_tokens, release)));
         }
     }
 }

@@ -18,10 +18,10 @@ use super::body::{ApiError, ResponseBody, boxed};
 use super::connection::Kill;
 use super::output::{self, OutputPlan, Resume};
 use super::state::AppState;
-use crate::engine::{KvLink, SchedulingPolicy};
+use crate::engine::SchedulingPolicy;
 use crate::faults::{TokenFault, TokenFaultKind};
 use crate::metrics::{FinishKind, FinishedTokens};
-use crate::replica::{Generation, RequestEvent, RequestHandle};
+use crate::replica::{Generation, KvHandoff, RequestEvent, RequestHandle};
 
 /// The faults that strike before a request is even read: `hang` (accepted,
 /// never answered, nothing reaches the engine) and `error_rate`.
@@ -75,16 +75,16 @@ pub(super) fn start(
     prompt: Prompt,
     kill: Arc<Kill>,
 ) -> Result<Started, ApiError> {
-    start_with(state, prompt, kill, None)
+    start_with(state, prompt, kill, KvHandoff::Local)
 }
 
-/// [`start`], with the prompt's KV pulled over `remote_kv` from a prefill
-/// replica (a disaggregated decode) instead of computed here.
+/// [`start`], with the prompt's KV pulled from a prefill replica (a
+/// disaggregated decode) or held for a decode (a prefill).
 pub(super) fn start_with(
     state: &AppState,
     prompt: Prompt,
     kill: Arc<Kill>,
-    remote_kv: Option<KvLink>,
+    handoff: KvHandoff,
 ) -> Result<Started, ApiError> {
     let (model, adapter) = state.resolve_model(prompt.model.as_deref())?;
     // vLLM refuses a priority its scheduler would ignore.
@@ -118,7 +118,7 @@ pub(super) fn start_with(
     };
     let request = state
         .engine
-        .submit_with(generation, remote_kv)
+        .submit_with(generation, handoff)
         .map_err(|_| engine_gone())?;
     let strike = state
         .faults
