@@ -129,10 +129,13 @@ pub(crate) struct HeldKv {
     pub prompt_tokens: u32,
 }
 
+/// One hold: what is held, what frees it, and until when.
+type Hold = (HeldKv, Option<Release>, Instant);
+
 /// KV held by vLLM prefill replicas, by (engine id, first block id).
 #[derive(Default)]
 pub(crate) struct HeldBlocks {
-    held: Mutex<HashMap<(String, u64), (HeldKv, Option<Release>, Instant)>>,
+    held: Mutex<HashMap<(String, u64), Hold>>,
     next_block: Mutex<u64>,
 }
 
