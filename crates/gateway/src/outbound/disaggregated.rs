@@ -93,6 +93,7 @@ pub async fn split(job: &Job<'_>, admitted: &Admitted, record: &mut Record) -> O
         });
     if uncached < prefills.min_uncached_tokens() {
         metrics.count_leg("prefill", "skipped");
+        metrics.count_leg("decode", "local");
         record.disaggregated(Legs::new(protocol, "skipped", uncached));
         return None;
     }

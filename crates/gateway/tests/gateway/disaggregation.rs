@@ -216,6 +216,13 @@ async fn the_decider_leaves_a_short_prompt_to_the_decode_replica() {
     assert!(line.get("prefill").is_none());
     assert_eq!(requests_done(&prefill).await, 0.0);
     assert_eq!(requests_done(&decode).await, 1.0);
+    let metrics = admin_get(&gw, "/metrics").await;
+    for (role, outcome) in [("prefill", "skipped"), ("decode", "local")] {
+        let series = format!(
+            r#"infergate_disaggregation_legs_total{{pool="p",role="{role}",outcome="{outcome}"}}"#
+        );
+        assert_eq!(sample(&metrics, &series), Some(1.0), "{series}");
+    }
 
     // A threshold of 0 sends every prompt through a prefill replica.
     let gw = gateway(
