@@ -334,6 +334,32 @@ mod tests {
     }
 
     #[test]
+    fn roles_and_the_kv_link_go_to_the_replicas() {
+        let spec = Cli::parse_from([
+            "sim",
+            "--replicas",
+            "3",
+            "--roles",
+            "prefill,decode",
+            "--kv-link",
+            "tcp",
+        ])
+        .sim
+        .fleet_spec();
+        let role = |i| spec.replica(i).disaggregation.role;
+        assert_eq!(
+            (role(0), role(1), role(2)),
+            (Role::Prefill, Role::Decode, Role::Both)
+        );
+        assert_eq!(
+            spec.replica(1).disaggregation.link,
+            crate::engine::kv_transfer::TCP_100G
+        );
+        assert!(Cli::try_parse_from(["sim", "--roles", "producer"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--kv-link", "nvlink"]).is_err());
+    }
+
+    #[test]
     fn kv_event_flags_turn_them_on_replica_by_replica() {
         let spec = Cli::parse_from([
             "sim",

@@ -344,7 +344,7 @@ impl Families {
         );
         registry.register(
             "infergate_disaggregation_leg_seconds",
-            "Time of each leg of a disaggregated request by role: prefill, from sending the prefill leg to its answer (queue and prompt computation); decode, from sending the decode leg to its first byte (KV transfer and the first decode step)",
+            "Time of the legs of disaggregated requests by role: prefill, from sending the prefill leg to its answer (queue and prompt computation)",
             f.disaggregation_leg_seconds.clone(),
         );
         registry.register(
