@@ -210,6 +210,13 @@ async fn sglang_prefill_and_decode_pair_by_room() {
         content[0].at > prefill_done,
         "the decode answered before its prefill"
     );
+    // The decode pulled the prefill's KV: the prefill holds none now.
+    let usage = p.metrics().await;
+    let held: f64 = usage
+        .matching("vllm:kv_cache_usage_perc", &[])
+        .map(|sample| sample.value)
+        .sum();
+    assert_eq!(held, 0.0);
 }
 
 #[tokio::test]
