@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 
 use crate::agreement;
+use crate::cold_start::{self, ColdStartOptions};
 use crate::disaggregation;
 use crate::failover::{self, FailoverOptions};
 use crate::live::GatewayLauncher;
@@ -33,7 +34,11 @@ pub struct BenchArgs {
     /// written for comparing routers); global-failover
     /// (live mode only, run by name: three member gateways behind a global
     /// router, one killed and restarted under streaming load; share over
-    /// time, TTFT around the failure, failover and recovery times).
+    /// time, TTFT around the failure, failover and recovery times);
+    /// cold-start (live mode only, run by name: a pool at zero replicas
+    /// gets a burst, idles past the autoscaler's cooldown, gets another;
+    /// woken by the gateway's first request vs an autoscaler polling its
+    /// metrics every 15 s).
     #[arg(long)]
     pub scenario: String,
     /// live: the real gateway over HTTP in front of simulated replicas;
@@ -204,6 +209,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == disaggregation::NAME {
         return run_disaggregation(&args);
     }
+    if args.scenario == cold_start::NAME {
+        return run_cold_start(&args).await;
+    }
     let options = args.options()?;
     let mut names = suite::names(&args.scenario, options.mode)?;
     if args.mode == ModeArg::Both {
@@ -304,6 +312,27 @@ fn run_disaggregation(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.out {
         let path = dir.join(format!("{}.md", disaggregation::NAME));
         std::fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn run_cold_start(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.mode != ModeArg::Live {
+        bail!("{} runs in live mode only (--mode live)", cold_start::NAME);
+    }
+    for k in 0..args.repeat {
+        let seed = args.seed + k;
+        let report = cold_start::run(&ColdStartOptions::new(args.quick, seed)).await?;
+        let markdown = report.markdown();
+        print(&markdown)?;
+        if let Some(dir) = &args.out {
+            let path = dir.join(format!(
+                "{}.md",
+                stem(cold_start::NAME, seed, args.repeat, "")
+            ));
+            std::fs::write(&path, &markdown)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
     }
     Ok(())
 }

@@ -27,6 +27,7 @@ pub mod agreement;
 pub mod allocation;
 pub mod capacity;
 pub mod cli;
+pub mod cold_start;
 pub mod comparison;
 pub mod disaggregation;
 pub mod failover;

@@ -53,8 +53,11 @@ pub const REPLICA_DRAIN_DEADLINE: Duration = Duration::from_secs(20);
 /// `coldStart.timeout`: of the order of a large model's load time (weights
 /// read from a network volume, CUDA graphs captured).
 pub const COLD_START_TIMEOUT: Duration = Duration::from_secs(300);
-/// Attempts at calling a `coldStart.wake.webhook` per cold start.
-pub const WAKE_WEBHOOK_ATTEMPTS: u32 = 3;
+/// Attempts at waking a cold pool (`coldStart.wake`) per cold start.
+pub const WAKE_ATTEMPTS: u32 = 3;
+/// `coldStart.wake.replicas`: one replica answers the waiting requests;
+/// the autoscaler adds more as the load asks.
+pub const WAKE_REPLICAS: u32 = 1;
 /// `scheduling.metrics.interval`.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_millis(50);
 /// `scheduling.metrics.timeout`: a scrape slower than this counts as failed.
@@ -164,8 +167,10 @@ pub const STATUS_LEASE_DURATION: Duration = Duration::from_secs(15);
 /// it: three renewals per duration, so one lost request loses nothing.
 pub const STATUS_LEASE_RENEW: Duration = Duration::from_secs(5);
 /// How often the status writer looks at the gateway's readiness and its
-/// pools' ready replicas; it writes only when they changed.
-pub const STATUS_REFRESH: Duration = Duration::from_secs(5);
+/// pools' ready replicas: often, so the custom resource's status follows
+/// `/readyz` and the metrics closely. Looking is local and cheap; it
+/// writes only when they changed.
+pub const STATUS_REFRESH: Duration = Duration::from_millis(250);
 /// The `InferenceGatewayConfig` that `serve --kubernetes` reads when no
 /// `--name` is given.
 pub const KUBERNETES_CONFIG_NAME: &str = "infergate";

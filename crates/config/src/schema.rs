@@ -581,6 +581,13 @@ pub struct ColdStart {
     /// What to call when a request finds the pool cold.
     #[serde(default)]
     pub wake: Option<Wake>,
+    /// A streaming request that has waited this long for the cold pool
+    /// gets its response's head (200, server-sent events) and then an SSE
+    /// comment line this often, so proxies with idle timeouts in front do
+    /// not cut it; the answer follows, or an error event. Off when absent.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub heartbeat: Option<Duration>,
 }
 
 impl ColdStart {
@@ -589,14 +596,61 @@ impl ColdStart {
     }
 }
 
-/// How a cold pool is woken, once per cold start: a URL the gateway POSTs
-/// `{"pool": NAME}` to (a VM group, a cloud autoscaler), with a bounded
-/// retry.
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema, PartialEq)]
+/// How a cold pool is woken, once per cold start: either a Kubernetes
+/// workload scaled up to `replicas` through its scale subresource, or a
+/// URL the gateway POSTs `{"pool": NAME}` to (a VM group, a cloud
+/// autoscaler), with a bounded retry. Without `wake`, an external
+/// autoscaler brings the replicas, reading the gateway's metrics.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Wake {
     /// `http://` or `https://` URL.
-    pub webhook: String,
+    #[serde(default)]
+    pub webhook: Option<String>,
+    /// The workload that runs the pool's replicas.
+    #[serde(default)]
+    pub kind: Option<WorkloadKind>,
+    /// The workload's name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The workload's namespace (default: the gateway's own).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The replicas the workload is scaled up to, at least (default 1);
+    /// a workload that already asks for as many is left alone.
+    #[serde(default)]
+    pub replicas: Option<u32>,
+}
+
+impl Wake {
+    /// The workload to scale, when the wake names one.
+    pub fn workload(&self) -> Option<Workload<'_>> {
+        Some(Workload {
+            kind: self.kind?,
+            name: self.name.as_deref()?,
+            namespace: self.namespace.as_deref(),
+            replicas: self.replicas.unwrap_or(defaults::WAKE_REPLICAS),
+        })
+    }
+}
+
+/// A Kubernetes workload a cold pool wakes by scaling it up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Workload<'a> {
+    pub kind: WorkloadKind,
+    pub name: &'a str,
+    pub namespace: Option<&'a str>,
+    pub replicas: u32,
+}
+
+/// The kinds of workload with a scale subresource that model servers run
+/// as.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, JsonSchema, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+    /// `leaderworkerset.x-k8s.io/v1`: multi-host model servers.
+    LeaderWorkerSet,
 }
 
 /// Mid-stream continuation: a broken generation is sent on to another
@@ -894,6 +948,12 @@ pub struct Simulated {
     /// the pool's `enginePriority` is on, else `fcfs`.
     #[serde(default)]
     pub scheduling_policy: Option<EngineScheduling>,
+    /// Simulated time each replica loads before it listens, as a model
+    /// server loads its weights: a duration (`45s`), or `calibrated` (the
+    /// model's weights at a network volume's speed, plus engine start-up;
+    /// about 90 s for an 8B model). Default: it listens at once.
+    #[serde(default)]
+    pub load_time: Option<String>,
 }
 
 /// How an engine orders the requests it holds: vLLM's

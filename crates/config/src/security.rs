@@ -232,6 +232,26 @@ pub struct Tenant {
     /// members further (it can never widen `residency`).
     #[serde(default)]
     pub residency_header: bool,
+    /// Latency objectives the tenant's requests carry unless they send
+    /// their own (`x-infergate-slo-ttft-ms`, `x-infergate-slo-itl-ms`):
+    /// replicas predicted to miss them are avoided, and attainment is
+    /// counted per tenant and band (docs/picker.md).
+    #[serde(default)]
+    pub slo: Option<LatencyObjectives>,
+}
+
+/// Latency objectives of a request.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LatencyObjectives {
+    /// Time to first token at most this.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub ttft: Option<Duration>,
+    /// Mean time between output tokens at most this.
+    #[serde(default, with = "humantime_serde")]
+    #[schemars(schema_with = "crate::json_schema::duration")]
+    pub itl: Option<Duration>,
 }
 
 impl Tenant {

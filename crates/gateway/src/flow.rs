@@ -22,6 +22,8 @@ use picker::{Decision, LoadGuard, PickError, PickRequest};
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{Notify, oneshot};
 
+use crate::generation::wake::{self, ScalerSlot, Wake};
+
 use crate::auth::Identity;
 use crate::error::{ApiError, DropReason};
 use crate::telemetry::ColdStats;
@@ -189,19 +191,26 @@ struct Waiter {
 
 /// What requests do while the pool has no ready replica (config
 /// `coldStart`).
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ColdStart {
     /// How long a request waits for a cold pool; zero refuses at once.
     pub timeout: Duration,
-    /// POSTed `{"pool": NAME}` once per cold start.
-    pub webhook: Option<Arc<str>>,
+    /// How the pool is woken, once per cold start.
+    pub wake: Option<Wake>,
+    /// How often a streaming request held for the cold pool hears from
+    /// the gateway.
+    pub heartbeat: Option<Duration>,
+    /// What scales a Kubernetes workload up.
+    pub scaler: ScalerSlot,
 }
 
 impl ColdStart {
-    pub fn new(spec: &config::ColdStart) -> Self {
+    pub fn new(spec: &config::ColdStart, scaler: &ScalerSlot) -> Self {
         Self {
             timeout: spec.timeout(),
-            webhook: spec.wake.as_ref().map(|w| Arc::from(w.webhook.as_str())),
+            wake: spec.wake.as_ref().and_then(Wake::new),
+            heartbeat: spec.heartbeat,
+            scaler: Arc::clone(scaler),
         }
     }
 }
@@ -234,6 +243,9 @@ pub struct Admission {
     woken: AtomicBool,
     cold_waiting: AtomicUsize,
     cold_starts: AtomicU64,
+    /// When the cold start under way began; the durations of those done.
+    cold_since: Mutex<Option<Instant>>,
+    cold_durations: Mutex<(Option<f64>, f64)>,
     /// When the last request arrived, in ms since `epoch` plus one (0:
     /// never).
     last_request: AtomicU64,
@@ -251,7 +263,10 @@ impl crate::telemetry::FlowGauges for Admission {
     }
     fn cold(&self) -> ColdStats {
         let last = self.last_request.load(Ordering::Relaxed);
+        let (last_duration, durations_sum) = *self.cold_durations.lock();
         ColdStats {
+            last_duration,
+            durations_sum,
             waiting: self.cold_waiting.load(Ordering::Relaxed),
             starts: self.cold_starts.load(Ordering::Relaxed),
             idle_seconds: (last > 0).then(|| {
@@ -279,6 +294,8 @@ impl Admission {
             woken: AtomicBool::new(false),
             cold_waiting: AtomicUsize::new(0),
             cold_starts: AtomicU64::new(0),
+            cold_since: Mutex::new(None),
+            cold_durations: Mutex::new((None, 0.0)),
             last_request: AtomicU64::new(0),
         })
     }
@@ -301,6 +318,13 @@ impl Admission {
         (!warm && !timeout.is_zero()).then_some(timeout)
     }
 
+    /// While the pool is cold and requests wait for it: how often a
+    /// waiting stream gets a heartbeat, when the pool sends them.
+    pub fn cold_heartbeat(&self) -> Option<Duration> {
+        self.cold_wait()?;
+        self.cold.load().heartbeat
+    }
+
     /// Wake the cold pool, once per cold start: the pool's webhook is
     /// called in the background, with a bounded retry. Without one, an
     /// external autoscaler brings the replicas (reading the metrics).
@@ -309,14 +333,17 @@ impl Admission {
             return;
         }
         self.cold_starts.fetch_add(1, Ordering::Relaxed);
+        *self.cold_since.lock() = Some(Instant::now());
         tracing::info!(
             pool = pool_name,
             "requests wait for the pool's first ready replica"
         );
-        if let Some(url) = self.cold.load().webhook.clone() {
-            tokio::spawn(crate::generation::wake::call_webhook(
+        let cold = self.cold.load();
+        if let Some(how) = cold.wake.clone() {
+            tokio::spawn(wake::wake(
                 Arc::from(pool_name),
-                url,
+                how,
+                Arc::clone(&cold.scaler),
             ));
         }
     }
@@ -365,6 +392,11 @@ impl Admission {
         // The pool has a ready replica: a later cold start wakes it again.
         if self.woken.load(Ordering::Relaxed) {
             self.woken.store(false, Ordering::Relaxed);
+            if let Some(since) = self.cold_since.lock().take() {
+                let took = since.elapsed().as_secs_f64();
+                let mut durations = self.cold_durations.lock();
+                *durations = (Some(took), durations.1 + took);
+            }
         }
         let load = decision.acquire();
         self.picker.record(decision.index(), pick.prefix_hashes);

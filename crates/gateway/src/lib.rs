@@ -44,6 +44,7 @@ use crate::state::State;
 
 pub use crate::error::DropReason;
 pub use crate::generation::reload::{DiscoveredReplica, Discovery};
+pub use crate::generation::wake::{ScaledUp, Scaler, Workload};
 
 /// Connections the admin listener serves at once, apart from the public
 /// listeners' limit: a flood of clients must not shut out the probes and
@@ -226,6 +227,12 @@ impl Gateway {
         self.reload.apply(&config.spec)
     }
 
+    /// What wakes a cold pool whose `coldStart.wake` names a Kubernetes
+    /// workload: set by whoever holds a Kubernetes client.
+    pub fn set_scaler(&self, scaler: Box<dyn Scaler>) {
+        self.reload.set_scaler(scaler);
+    }
+
     /// Where discovery reports the replicas of pools found in Kubernetes.
     pub fn discovery(&self) -> Discovery {
         self.reload.discovery()
@@ -289,31 +296,16 @@ impl Gateway {
         self.state.readiness()
     }
 
-    /// Each pool's replicas that can take requests now (reachable, not
-    /// draining, with fresh metrics when the pool scores on them, as
-    /// `infergate_pool_ready_endpoints` counts them), in config order.
+    /// Each pool's replicas that can take requests now
+    /// ([`picker::is_ready`], as `/readyz`, `/debug/pools` and
+    /// `infergate_pool_ready_endpoints` count them), in config order.
     pub fn ready_endpoints(&self) -> Vec<(String, usize)> {
         let now = std::time::Instant::now();
         self.state
             .generation()
             .pools
             .iter()
-            .map(|p| {
-                let picker = p.runtime().picker();
-                let config = picker.config();
-                let ready = picker
-                    .endpoints()
-                    .iter()
-                    .filter(|e| {
-                        e.is_reachable()
-                            && !e.draining()
-                            && (!config.policy.uses_signals()
-                                || picker::health(&e.observation(), now, config.stale_after)
-                                    == picker::Health::Healthy)
-                    })
-                    .count();
-                (p.name().to_string(), ready)
-            })
+            .map(|p| (p.name().to_string(), p.runtime().ready_replicas(now)))
             .collect()
     }
 

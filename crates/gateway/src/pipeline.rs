@@ -54,6 +54,7 @@ use crate::inbound::read_body::{self, Held};
 use crate::inbound::server::{Request, WorkerId};
 use crate::members;
 use crate::outbound::forward::{DECISION_TARGET, Forward, forward};
+use crate::outbound::held::{self, EarlyHead};
 use crate::outbound::mirror::ShadowRequest;
 use crate::outbound::response_body::ResponseBody;
 use crate::outbound::{Forwarded, Outgoing, REQUEST_ID, stream_usage};
@@ -79,7 +80,7 @@ pub async fn handle(state: Arc<State>, worker: WorkerId, req: Request) -> Respon
 /// Which handler answers: the gateway's own endpoints, or the pipeline
 /// for a forwarded path.
 async fn dispatch(
-    state: &State,
+    state: &Arc<State>,
     worker: WorkerId,
     req: Request,
     start: Instant,
@@ -140,15 +141,24 @@ async fn dispatch(
                 Some(trace.trace_id),
                 feed,
             ));
+            // The work is its own future, owning what it uses: a stream
+            // held for a cold pool answers its head early and goes on
+            // inside the body (outbound/held.rs).
+            let (early, early_head) = EarlyHead::new();
+            let work = {
+                let state = Arc::clone(state);
+                let request_id = request_id.clone();
+                async move {
+                    let ids = Ids {
+                        request: &request_id,
+                        traceparent: &traceparent,
+                    };
+                    infer(&state, generation, worker, req, record, ids, early).await
+                }
+            };
             // Boxed: the stages' state is kilobytes, and the request's
             // future is moved more than once before it first runs.
-            let ids = Ids {
-                request: request_id,
-                traceparent: &traceparent,
-            };
-            Box::pin(infer(state, generation, worker, req, record, ids))
-                .instrument(span)
-                .await
+            held::respond(Box::pin(work.instrument(span)), early_head).await
         }
         (_, path) if generation.forwarded_paths.forwards(path) => {
             let mut r = ApiError::method_not_allowed(&req.method, path).into_response();
@@ -180,12 +190,14 @@ fn infer<'a>(
     req: Request,
     mut record: Box<Record>,
     ids: Ids<'a>,
+    early: EarlyHead,
 ) -> impl Future<Output = Response<ResponseBody>> + Send + 'a {
     async move {
-        let received = match receive(state, &generation, req, &mut record).await {
+        let mut received = match receive(state, &generation, req, &mut record).await {
             Ok(received) => received,
             Err(refusal) => return refuse(*record, refusal),
         };
+        received.early = Some(early);
         let decided = match decide(state, &generation, worker, &received, &mut record, ids).await {
             Ok(decided) => decided,
             Err(refusal) => return refuse(*record, refusal),
@@ -302,6 +314,9 @@ struct Received {
     body: Bytes,
     forwarded: Forwarded,
     caller: Identity,
+    /// Told when a stream starts waiting for a cold pool, so its head
+    /// can go out early.
+    early: Option<EarlyHead>,
     /// The body's share of the gateway's budget, held until the request
     /// is done with it.
     _held: Held,
@@ -365,6 +380,7 @@ async fn receive(
         body,
         forwarded,
         caller,
+        early: None,
         _held: held,
     })
 }
@@ -529,13 +545,22 @@ async fn admit(
     let adapter = route.adapter.as_deref();
     let mut pick = runtime.pick_request(request, adapter, explain);
     pick.session = session;
-    pick.slo = objectives(&received.headers)?;
+    let tenant_slo = generation
+        .tenant(&received.caller.tenant)
+        .and_then(|t| t.slo.as_ref());
+    pick.slo = objectives(&received.headers, tenant_slo)?;
+    record.objectives(ticket.band, pick.slo);
     // A pool that follows its engines' KV-cache events matches the prompt
     // against what they hold; else (or when it cannot) the picker guesses.
     pick.exact_prefix = runtime
         .exact_prefix(&asked.body, request, adapter)
         .instrument(stage_span!("match_prefix"))
         .await;
+    if request.stream
+        && let (Some(early), Some(every)) = (&received.early, runtime.admission().cold_heartbeat())
+    {
+        early.waiting_cold(every);
+    }
     let admit_started = Instant::now();
     let admitted = runtime
         .admission()
@@ -558,8 +583,12 @@ async fn admit(
 
 /// The request's latency objectives, from `x-infergate-slo-ttft-ms`
 /// (time to first token) and `x-infergate-slo-itl-ms` (time per output
-/// token): replicas predicted to miss them are avoided (docs/picker.md).
-fn objectives(headers: &HeaderMap) -> Result<Option<picker::Slo>, ApiError> {
+/// token), each else from its tenant's `slo`: replicas predicted to miss
+/// them are avoided (docs/picker.md).
+fn objectives(
+    headers: &HeaderMap,
+    tenant: Option<&config::LatencyObjectives>,
+) -> Result<Option<picker::Slo>, ApiError> {
     let millis = |name: &str| -> Result<Option<std::time::Duration>, ApiError> {
         let Some(value) = headers.get(name) else {
             return Ok(None);
@@ -577,8 +606,8 @@ fn objectives(headers: &HeaderMap) -> Result<Option<picker::Slo>, ApiError> {
             })
     };
     let slo = picker::Slo {
-        ttft: millis(SLO_TTFT_HEADER)?,
-        itl: millis(SLO_ITL_HEADER)?,
+        ttft: millis(SLO_TTFT_HEADER)?.or(tenant.and_then(|t| t.ttft)),
+        itl: millis(SLO_ITL_HEADER)?.or(tenant.and_then(|t| t.itl)),
     };
     Ok((slo.ttft.is_some() || slo.itl.is_some()).then_some(slo))
 }

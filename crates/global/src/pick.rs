@@ -192,9 +192,12 @@ fn may_go_to(c: &Candidate<'_>, residency: Option<&[String]>) -> bool {
 }
 
 /// Not saturated (by its own word: every ready replica full, or none
-/// ready) and not refusing (recent errors and 429s above the threshold).
+/// ready: a cold pool, where a request would wait for a replica to start)
+/// and not refusing (recent errors and 429s above the threshold).
 fn has_room(c: &Candidate<'_>, max_error_rate: f64) -> bool {
-    let saturated = c.load.is_some_and(|l| l.saturated || l.ready_replicas == 0);
+    let saturated = c
+        .load
+        .is_some_and(|l| l.saturated || l.cold || l.ready_replicas == 0);
     !saturated && recent_failure_rate(c) <= max_error_rate
 }
 
@@ -270,6 +273,7 @@ mod tests {
             queue_depth: queue,
             in_flight: 0,
             saturated,
+            cold: false,
             error_rate: 0.0,
             throttle_rate: 0.0,
         }
@@ -440,6 +444,41 @@ mod tests {
             pick(&only_down, &demand(&w), half),
             Err(NoMember::AllUnhealthy)
         );
+    }
+
+    /// A member whose pool is cold (no replica ready, its requests would
+    /// wait for one to start) gets the model's requests only when no warm
+    /// member has room, or when residency pins them to it; even an idle
+    /// cold member loses to a busier warm one.
+    #[test]
+    fn a_cold_member_is_passed_over_for_a_warm_one_unless_pinned() {
+        let w = GlobalWeights::default();
+        let mut cold = load(1.0, 0, false);
+        cold.cold = true;
+        cold.ready_replicas = 0;
+        let busy = load(0.2, 6, false);
+        let eu = ["eu".to_owned()];
+        let mut euw1 = member("euw1", Some(&cold));
+        euw1.residency = &eu;
+        let use1 = member("use1", Some(&busy));
+        let c = [euw1.clone(), use1.clone()];
+        let p = pick(&c, &demand(&w), half).unwrap();
+        assert_eq!(names(&c, &p), ("use1", vec![]));
+        assert!(!p.overloaded);
+        let pinned = Demand {
+            residency: Some(&eu),
+            ..demand(&w)
+        };
+        let p = pick(&c, &pinned, half).unwrap();
+        assert_eq!(names(&c, &p), ("euw1", vec![]));
+        // The warm member saturated too: both lack room, and the cold
+        // member, which queues and wakes, is a candidate again.
+        let full = load(0.0, 40, true);
+        let use1 = member("use1", Some(&full));
+        let c = [euw1, use1];
+        let p = pick(&c, &demand(&w), half).unwrap();
+        assert!(p.overloaded);
+        assert_eq!(p.next.len(), 1);
     }
 
     #[test]

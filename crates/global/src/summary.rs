@@ -45,6 +45,11 @@ pub struct ModelLoad {
     /// Every ready replica is saturated: a new request would queue or be
     /// refused.
     pub saturated: bool,
+    /// The pool is cold: no replica is ready, and a request sent here
+    /// waits for one (while the pool wakes, or an autoscaler brings one).
+    /// Global routers send elsewhere meanwhile when they can.
+    #[serde(default)]
+    pub cold: bool,
     /// Share of the recent answers (about the last ten seconds) that were
     /// 5xx, and that were 429; 0 when there were none.
     pub error_rate: f64,
@@ -87,6 +92,7 @@ mod tests {
                     queue_depth: 4,
                     in_flight: 9,
                     saturated: false,
+                    cold: false,
                     error_rate: 0.0,
                     throttle_rate: 0.5,
                 },

@@ -45,6 +45,7 @@ fn a_killed_member_stops_getting_requests_within_unhealthy_after_and_ramps_back(
         queue_depth: 0,
         in_flight: 0,
         saturated: false,
+        cold: false,
         error_rate: 0.0,
         throttle_rate: 0.0,
     };

@@ -380,6 +380,14 @@ fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatew
     for (pool, endpoints) in gateway.pool_endpoints() {
         println!("  pool {pool}: {}", endpoints.join(", "));
     }
+    for pool in &config.spec.pools {
+        if let Some(load) = pool.simulated.as_ref().and_then(|s| s.load_time.as_deref()) {
+            println!(
+                "  pool {} starts cold: its replicas load for {load}; its requests wait meanwhile",
+                pool.name
+            );
+        }
+    }
     if let Some(admin) = gateway.admin_addr() {
         println!("  admin: http://{admin}/debug/pools");
         println!("  fleet page: http://{admin}/");

@@ -151,6 +151,11 @@ fn fleet_spec(
         },
         time_scale: spec.time_scale.unwrap_or(config::defaults::SIM_TIME_SCALE),
         seed: spec.seed.unwrap_or_default(),
+        load_time: spec
+            .load_time
+            .as_deref()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_default(),
         ..sim::FleetSpec::default()
     }
 }

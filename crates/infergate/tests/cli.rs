@@ -610,3 +610,38 @@ fn serve_without_a_kubernetes_api_says_so() {
         "{stderr}"
     );
 }
+
+/// A simulated pool whose replica loads for a while starts cold: a
+/// request sent at once waits for it (rather than a 503) and is answered
+/// once the replica listens.
+#[test]
+fn a_simulated_pool_that_loads_holds_its_first_request_until_ready() {
+    let file = write_config(
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n  pools:\n    - {name: p, models: [m], simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b, timeScale: 20, loadTime: 40s}}\n",
+    );
+    let served = Served::start(file.path());
+    let started = std::time::Instant::now();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "60",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}"#,
+        ])
+        .arg(format!("http://{}/v1/chat/completions", served.addr))
+        .output()
+        .unwrap();
+    let resp: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(resp["object"], "chat.completion", "{resp}");
+    // 40 s of simulated load at 20× is 2 s; the request waited for it.
+    served.wait_for("replica loaded its model");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1500),
+        "answered after {:?}",
+        started.elapsed()
+    );
+}

@@ -439,3 +439,52 @@ fn check_validates_custom_resource_manifests() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("spec.pools[0].models"), "{stderr}");
 }
+
+/// The example Role that lets the gateway wake a cold pool's workload
+/// grants only calls the scaler makes, each on named objects.
+#[test]
+fn wake_rbac_grants_only_the_scale_calls_on_named_workloads() {
+    let path = deploy_dir().join("autoscaling/wake-rbac.yaml");
+    let documents = yaml_documents(&path);
+    let role: Role = documents
+        .iter()
+        .find(|d| d["kind"] == "Role")
+        .map(|d| serde_json::from_value(d.clone()).unwrap())
+        .expect("a Role");
+    let binding: RoleBinding = documents
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding")
+        .map(|d| serde_json::from_value(d.clone()).unwrap())
+        .expect("a RoleBinding");
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    assert_eq!(role.metadata.namespace, binding.metadata.namespace);
+    let allowed: BTreeSet<(String, String, String)> = infergate_kube::access::WAKE_ACCESS
+        .iter()
+        .flat_map(|a| {
+            a.verbs
+                .iter()
+                .map(|v| (a.group.to_owned(), a.resource.to_owned(), (*v).to_owned()))
+        })
+        .collect();
+    let rules = role.rules.unwrap();
+    assert!(!rules.is_empty());
+    for rule in &rules {
+        let names = rule.resource_names.as_deref().unwrap_or_default();
+        assert!(!names.is_empty(), "each rule names its workloads: {rule:?}");
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    let call = (group.clone(), resource.clone(), verb.clone());
+                    assert!(
+                        allowed.contains(&call),
+                        "{call:?} is not a call the gateway makes"
+                    );
+                }
+            }
+        }
+    }
+    // The account bound is the gateway's own.
+    let account = Manifests::load().one::<ServiceAccount>("ServiceAccount");
+    let subjects = binding.subjects.unwrap();
+    assert_eq!(subjects[0].name, account.metadata.name.unwrap());
+}

@@ -45,3 +45,26 @@ pub const API_ACCESS: &[Access] = &[
         verbs: &["get", "create", "update"],
     },
 ];
+
+/// The calls that wake a cold pool whose `coldStart.wake` names a
+/// workload (scale.rs): its scale subresource read and written. Granted
+/// per workload, by name, in the workload's namespace
+/// (deploy/kubernetes/autoscaling/wake-rbac.yaml shows how), so these are
+/// not in [`API_ACCESS`].
+pub const WAKE_ACCESS: &[Access] = &[
+    Access {
+        group: "apps",
+        resource: "deployments/scale",
+        verbs: &["get", "update"],
+    },
+    Access {
+        group: "apps",
+        resource: "statefulsets/scale",
+        verbs: &["get", "update"],
+    },
+    Access {
+        group: "leaderworkerset.x-k8s.io",
+        resource: "leaderworkersets/scale",
+        verbs: &["get", "update"],
+    },
+];

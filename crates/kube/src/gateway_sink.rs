@@ -7,6 +7,7 @@ use std::sync::Arc;
 use signals::Dialect;
 
 use crate::replicas::Replica;
+use crate::scale::WorkloadScaler;
 use crate::sink::{Sink, Task};
 use crate::start;
 
@@ -86,6 +87,8 @@ fn watches(pool: &config::Pool) -> Vec<(String, config::Discovery<'_>)> {
 pub struct Discoveries {
     client: Option<kube::Client>,
     running: HashMap<String, (Key, Task)>,
+    /// The gateway wakes cold pools' workloads with this client.
+    scaler_set: bool,
 }
 
 impl Discoveries {
@@ -94,14 +97,21 @@ impl Discoveries {
         Self {
             client: Some(client),
             running: HashMap::new(),
+            scaler_set: false,
         }
     }
 
     /// Make sure a Kubernetes client exists when `config` has discovered
-    /// pools: the clear error when none can be made comes before anything
-    /// is applied.
+    /// pools or pools woken by scaling a workload: the clear error when
+    /// none can be made comes before anything is applied.
     pub async fn prepare(&mut self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
-        let needed = config.spec.pools.iter().any(|p| !watches(p).is_empty());
+        let needed = config.spec.pools.iter().any(|p| {
+            !watches(p).is_empty()
+                || p.cold_start
+                    .wake
+                    .as_ref()
+                    .is_some_and(|w| w.workload().is_some())
+        });
         if needed && self.client.is_none() {
             self.client = Some(start::client().await?);
         }
@@ -112,6 +122,12 @@ impl Discoveries {
     /// settings changed, stop those that left. Call after the config is
     /// applied to `gateway` (and [`Discoveries::prepare`] before).
     pub fn sync(&mut self, config: &config::InferenceGatewayConfig, gateway: &gateway::Gateway) {
+        if let Some(client) = &self.client
+            && !self.scaler_set
+        {
+            gateway.set_scaler(Box::new(WorkloadScaler::new(client.clone())));
+            self.scaler_set = true;
+        }
         let sink: Arc<dyn Sink> = Arc::new(gateway.discovery());
         let mut running = HashMap::new();
         for (name, discovery) in config.spec.pools.iter().flat_map(watches) {

@@ -18,6 +18,7 @@ pub mod access;
 pub mod config_source;
 pub mod crd;
 pub mod lease;
+pub mod scale;
 pub mod status;
 pub mod status_writer;
 

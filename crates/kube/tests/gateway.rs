@@ -409,6 +409,154 @@ async fn an_unreachable_api_server_leaves_the_last_replicas_serving() {
     wait_endpoints(&gw, &[addr(2, port)]).await;
 }
 
+/// A pool found by label, with no pod yet, that wakes its Deployment
+/// through the scale subresource.
+fn cold_config(port: u16) -> config::InferenceGatewayConfig {
+    let yaml = format!(
+        "apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]
+  admin: {{address: \"127.0.0.1:0\"}}
+  pools:
+    - name: p
+      engine: vllm
+      models: [m]
+      endpointSelector: {{namespace: {NS}, matchLabels: {{app: vllm}}, port: {port}}}
+      scheduling: {{metrics: {{interval: 50ms}}}}
+      coldStart: {{timeout: 60s, wake: {{kind: Deployment, name: vllm, namespace: {NS}}}}}
+"
+    );
+    config::from_yaml(&yaml).unwrap()
+}
+
+/// Two gateway replicas find the pool cold at once: 200 requests of every
+/// band wait in them, the Deployment is scaled from 0 to 1 once (the
+/// scale writes carry the resourceVersion they read, so the second
+/// gateway's write conflicts and it finds the count raised), and when the
+/// pod the Deployment makes is ready every request is answered, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_wake_a_cold_deployment_once_and_answer_every_waiting_request() {
+    const PER_GATEWAY: usize = 100;
+    let server = ApiServer::start().await;
+    let port = free_port();
+    server.put(
+        &Resource::DEPLOYMENTS,
+        NS,
+        serde_json::json!({"metadata": {"name": "vllm"}, "spec": {"replicas": 0}}),
+    );
+    let config = cold_config(port);
+    let gateways = [
+        Gateway::start(&config).await.unwrap(),
+        Gateway::start(&config).await.unwrap(),
+    ];
+    let mut discoveries = Vec::new();
+    for gw in &gateways {
+        let mut d = Discoveries::with_client(server.client());
+        d.sync(&config, gw);
+        discoveries.push(d);
+    }
+    let bands = ["critical", "standard", "sheddable"];
+    let mut answers = Vec::new();
+    for gw in &gateways {
+        for i in 0..PER_GATEWAY {
+            let request = client()
+                .post(format!("http://{}/v1/chat/completions", gw.addr()))
+                .header("content-type", "application/json")
+                .header("x-infergate-priority", bands[i % 3])
+                .body(r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}"#);
+            answers.push(tokio::spawn(async move { request.send().await.unwrap() }));
+        }
+    }
+    for gw in &gateways {
+        wait_metrics(gw, "every request waiting for the cold pool", |t| {
+            t.contains(&format!(
+                "infergate_cold_waiting_requests{{pool=\"p\"}} {PER_GATEWAY}\n"
+            )) && t.contains("inference_pool_ready_pods{name=\"p\"} 0\n")
+        })
+        .await;
+    }
+    server
+        .wait_for("the Deployment scaled up", WAIT, |s| {
+            s.get(&Resource::DEPLOYMENTS, NS, "vllm")
+                .and_then(|d| d.pointer("/spec/replicas").and_then(|r| r.as_i64()))
+                == Some(1)
+        })
+        .await;
+    // The Deployment's controller: its pod starts and becomes ready.
+    let replica = replica(2, port, sim::Dialect::Vllm).await;
+    server.put(&Resource::PODS, NS, ready_pod(2, &[]));
+    for answer in answers {
+        let response = answer.await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["object"], "chat.completion");
+    }
+    let deployment = server.get(&Resource::DEPLOYMENTS, NS, "vllm").unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(
+        deployment["metadata"]["generation"], 2,
+        "the spec changed once: one wake-up for both gateways"
+    );
+    let served = received(&addr(2, port)).await;
+    drop(replica);
+    assert_eq!(
+        served,
+        (2 * PER_GATEWAY) as f64,
+        "each request answered once"
+    );
+    for gw in &gateways {
+        let text = gateway_metrics(gw).await;
+        assert!(text.contains("infergate_cold_waiting_requests{pool=\"p\"} 0\n"));
+        assert!(text.contains("infergate_cold_starts_total{pool=\"p\"} 1\n"));
+        assert!(text.contains("inference_pool_ready_pods{name=\"p\"} 1\n"));
+    }
+}
+
+/// A scale-up by a gateway leaves a workload that already asks for
+/// enough replicas alone, and raises one that asks for fewer.
+#[tokio::test]
+async fn the_scaler_raises_the_scale_only_below_the_target() {
+    use gateway::{ScaledUp, Scaler, Workload};
+    let server = ApiServer::start().await;
+    server.put(
+        &Resource::STATEFULSETS,
+        NS,
+        serde_json::json!({"metadata": {"name": "sglang"}, "spec": {"replicas": 3}}),
+    );
+    server.put(
+        &Resource::LEADER_WORKER_SETS,
+        NS,
+        serde_json::json!({"metadata": {"name": "big"}, "spec": {"replicas": 0}}),
+    );
+    let scaler = infergate_kube::scale::WorkloadScaler::new(server.client());
+    let workload = |kind, name: &str, replicas| Workload {
+        kind,
+        name: name.to_owned(),
+        namespace: Some(NS.to_owned()),
+        replicas,
+    };
+    let kept = scaler
+        .scale_up(workload(config::WorkloadKind::StatefulSet, "sglang", 2))
+        .await
+        .unwrap();
+    assert_eq!(kept, ScaledUp::Already(3));
+    let raised = scaler
+        .scale_up(workload(config::WorkloadKind::LeaderWorkerSet, "big", 2))
+        .await
+        .unwrap();
+    assert_eq!(raised, ScaledUp::Raised { from: 0, to: 2 });
+    let big = server
+        .get(&Resource::LEADER_WORKER_SETS, NS, "big")
+        .unwrap();
+    assert_eq!(big["spec"]["replicas"], 2);
+    let missing = scaler
+        .scale_up(workload(config::WorkloadKind::Deployment, "absent", 1))
+        .await
+        .unwrap_err();
+    assert!(missing.contains("absent"), "{missing}");
+}
+
 /// A disaggregated pool whose decode and prefill replicas are both found
 /// by label (`llm-d.ai/role`): the prefill group follows its pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

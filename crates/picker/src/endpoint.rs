@@ -11,7 +11,9 @@ use std::task::{Context, Poll, Waker};
 
 use arc_swap::{ArcSwap, Guard};
 
+use crate::health::{Health, health};
 use crate::observation::Observation;
+use crate::policy::{Fallback, PickerConfig};
 use crate::predict::LatencyModel;
 use crate::summary::{ObservationSummary, SummaryCell};
 
@@ -187,6 +189,17 @@ pub struct Endpoint {
     drain: AtomicU8,
     /// What this replica's latency has been learned to be.
     latency: LatencyModel,
+}
+
+/// Whether replica `e` can take requests now: reachable, not draining,
+/// and with fresh metrics when its pool refuses to pick without them. The
+/// one rule behind `/readyz`, `/debug/pools`, the ready-replica metrics
+/// and the custom resource's status, so they agree.
+pub fn is_ready(e: &Endpoint, config: &PickerConfig, now: std::time::Instant) -> bool {
+    let needs_metrics = config.policy.uses_signals() && config.fallback == Fallback::Refuse;
+    e.is_reachable()
+        && !e.draining()
+        && (!needs_metrics || health(&e.observation(), now, config.stale_after) == Health::Healthy)
 }
 
 impl Endpoint {

@@ -41,7 +41,7 @@ mod seqlock;
 pub mod session;
 pub mod summary;
 
-pub use endpoint::{Endpoint, Load, LoadGuard};
+pub use endpoint::{Endpoint, Load, LoadGuard, is_ready};
 pub use explain::{CandidateScore, ScoresHeader, TopScores};
 pub use health::{Health, health};
 pub use observation::{EngineState, Observation};

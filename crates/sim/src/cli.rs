@@ -7,7 +7,7 @@ use crate::disaggregation::Role;
 use crate::engine::kv_transfer::link_preset;
 use crate::engine::{KvLink, SchedulingPolicy};
 use crate::faults::{Faults, MetricsFault};
-use crate::fleet::{Fleet, FleetSpec, start_fleet};
+use crate::fleet::{Fleet, FleetSpec, LoadTime, start_fleet};
 use crate::kv_cache_events::KvEventsSpec;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 
@@ -100,6 +100,12 @@ pub struct SimArgs {
     /// Topic of the KV events (vLLM's default is empty).
     #[arg(long, default_value = "", requires = "kv_events_port")]
     pub kv_events_topic: String,
+    /// Engine time each replica loads before it listens (connections are
+    /// refused meanwhile): a duration (`90s`), or `calibrated` for the
+    /// model's weights read at a network volume's speed plus engine
+    /// start-up. Divided by --time-scale in wall time.
+    #[arg(long, default_value = "0s")]
+    pub load_time: LoadTime,
     /// Prefill/decode disaggregation: the role of each replica in order
     /// (`prefill`, `decode`, `both`); replicas past the list are `both`.
     #[arg(long, value_delimiter = ',', value_parser = parse_role)]
@@ -188,6 +194,7 @@ impl SimArgs {
             }),
             roles: self.roles.clone(),
             kv_link: self.kv_link,
+            load_time: self.load_time,
         }
     }
 }

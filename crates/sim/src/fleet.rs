@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use kv_events::publisher::Publisher;
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::sync::watch;
 
 use crate::disaggregation::{DisaggregationSpec, Role};
@@ -63,6 +63,49 @@ pub struct ReplicaSpec {
     /// Prefill or decode role, KV link and bootstrap port
     /// (see [`crate::disaggregation`]).
     pub disaggregation: DisaggregationSpec,
+    /// How long the replica loads before it listens; connections are
+    /// refused until then.
+    pub load_time: LoadTime,
+}
+
+/// Engine time from a replica's start until it listens: its weights
+/// loading and its engine starting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadTime {
+    /// This long; zero listens at once.
+    Fixed(Duration),
+    /// The model's weights at [`LOAD_BANDWIDTH`], then [`ENGINE_INIT`]
+    /// ([`calibrated_load_time`]).
+    Calibrated,
+}
+
+impl Default for LoadTime {
+    fn default() -> Self {
+        LoadTime::Fixed(Duration::ZERO)
+    }
+}
+
+impl std::str::FromStr for LoadTime {
+    type Err = String;
+    /// `calibrated`, or a duration (`90s`, `2m`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "calibrated" {
+            return Ok(LoadTime::Calibrated);
+        }
+        humantime::parse_duration(s)
+            .map(LoadTime::Fixed)
+            .map_err(|e| format!("{s:?} is neither `calibrated` nor a duration: {e}"))
+    }
+}
+
+impl LoadTime {
+    /// Engine time for a replica of `config`.
+    pub fn of(self, config: &EngineConfig) -> Duration {
+        match self {
+            LoadTime::Fixed(d) => d,
+            LoadTime::Calibrated => calibrated_load_time(config),
+        }
+    }
 }
 
 impl Default for ReplicaSpec {
@@ -83,6 +126,7 @@ impl Default for ReplicaSpec {
             num_gpu_blocks_override: None,
             kv_events: None,
             disaggregation: DisaggregationSpec::default(),
+            load_time: LoadTime::default(),
         }
     }
 }
@@ -273,10 +317,12 @@ impl std::fmt::Debug for ReplicaHandle {
 /// Starts one replica listening on `addr` (port 0 picks a free port).
 pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Result<ReplicaHandle> {
     let config = spec.engine_config()?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let addr = listener.local_addr()?;
+    // Bound at once, so the address is the replica's from the start, but
+    // listening only once the model is loaded: until then a connection is
+    // refused, as it is by a model server still loading its weights.
+    let socket = bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    let addr = socket.local_addr()?;
+    let load_wall = spec.load_time.of(&config).div_f64(spec.time_scale);
 
     let served_model = spec
         .served_model_name
@@ -369,13 +415,41 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
 
     let (stopped_tx, stopped) = watch::channel(false);
     let handle_state = state.clone();
+    // Without a load time it listens before this returns, so a client may
+    // connect at once.
+    let start = if load_wall.is_zero() {
+        Start::Listening(socket.listen(LISTEN_BACKLOG)?)
+    } else {
+        Start::Loading(socket)
+    };
     tokio::spawn(async move {
-        http::serve(listener, state, SHUTDOWN_DRAIN).await;
+        let listener = match start {
+            Start::Listening(listener) => Ok(listener),
+            Start::Loading(socket) => {
+                let mut stop = state.stop.subscribe();
+                tokio::select! {
+                    () = tokio::time::sleep(load_wall) => {
+                        tracing::info!(%addr, "replica loaded its model and listens");
+                        socket.listen(LISTEN_BACKLOG)
+                    }
+                    // Stopped while loading: it never listens.
+                    _ = stop.wait_for(|mode| *mode != StopMode::Running) => {
+                        Err(std::io::ErrorKind::Interrupted.into())
+                    }
+                }
+            }
+        };
+        match listener {
+            Ok(listener) => http::serve(listener, state, SHUTDOWN_DRAIN).await,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => tracing::error!(%addr, %error, "replica cannot listen"),
+        }
         actor.abort();
         let _ = stopped_tx.send(true);
     });
     tracing::info!(
         %addr, hardware = %info.hardware, model = %info.model, blocks = info.num_gpu_blocks,
+        load_time_s = load_wall.as_secs_f64(),
         "replica started"
     );
     Ok(ReplicaHandle {
@@ -387,6 +461,47 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         kv_events: kv_publisher,
     })
 }
+
+/// How a replica's server starts: listening at once, or once loaded.
+enum Start {
+    Listening(tokio::net::TcpListener),
+    Loading(TcpSocket),
+}
+
+/// Pending connections a replica's listener holds.
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// A socket bound to `addr` (with `SO_REUSEADDR`, as a listener is), not
+/// yet listening.
+fn bind(addr: SocketAddr) -> std::io::Result<TcpSocket> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    Ok(socket)
+}
+
+/// How long a model server takes from start to its first answer: its
+/// weights read at [`LOAD_BANDWIDTH`] (split over tensor-parallel ranks,
+/// which read theirs at once), then [`ENGINE_INIT`].
+pub fn calibrated_load_time(config: &EngineConfig) -> Duration {
+    let bytes = config.model.weight_bytes() / f64::from(config.tensor_parallel.max(1));
+    Duration::from_secs_f64(bytes / LOAD_BANDWIDTH) + ENGINE_INIT
+}
+
+/// Bytes per second a model server reads its weights at with vLLM's default
+/// safetensors loader from a network block volume: NVIDIA's Run:ai Model
+/// Streamer benchmark loaded Llama-3-8B (~16 GB) in 47.99 s with it from
+/// an AWS gp3 volume (g5.12xlarge, A10G), about 0.33 GB/s.
+pub const LOAD_BANDWIDTH: f64 = 0.33e9;
+
+/// Start-up work after the weights (torch.compile, CUDA graph capture,
+/// profiling the KV cache, warm-up): ~40 s of vLLM's cold start in
+/// published breakdowns; a rough figure, for the order of magnitude.
+pub const ENGINE_INIT: Duration = Duration::from_secs(40);
 
 /// A fleet of replicas of one model on (possibly) different GPUs.
 #[derive(Debug, Clone)]
@@ -419,6 +534,8 @@ pub struct FleetSpec {
     pub roles: Vec<Role>,
     /// The link decode replicas pull KV over.
     pub kv_link: KvLink,
+    /// As in [`ReplicaSpec::load_time`], for every replica.
+    pub load_time: LoadTime,
 }
 
 impl Default for FleetSpec {
@@ -442,6 +559,7 @@ impl Default for FleetSpec {
             kv_events: None,
             roles: Vec::new(),
             kv_link: KvLink::default(),
+            load_time: LoadTime::default(),
         }
     }
 }
@@ -472,6 +590,7 @@ impl FleetSpec {
                 link: self.kv_link,
                 ..DisaggregationSpec::default()
             },
+            load_time: self.load_time,
         }
     }
 

@@ -39,7 +39,8 @@ pub use disaggregation::{DisaggregationSpec, Role};
 pub use engine::{KvLink, SchedulingPolicy};
 pub use faults::{Faults, FaultsUpdate, MetricsFault};
 pub use fleet::{
-    Fleet, FleetSpec, ReplicaHandle, ReplicaInfo, ReplicaSpec, start_fleet, start_replica,
+    Fleet, FleetSpec, LoadTime, ReplicaHandle, ReplicaInfo, ReplicaSpec, calibrated_load_time,
+    start_fleet, start_replica,
 };
 pub use kv_cache_events::KvEventsSpec;
 pub use metrics::Dialect;

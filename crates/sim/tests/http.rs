@@ -1434,3 +1434,69 @@ async fn a_fleet_cycles_hardware_and_shuts_down() {
         );
     }
 }
+
+/// A replica that loads its model refuses connections until its load time
+/// (in engine time, divided by the time scale) has passed, then serves.
+#[tokio::test]
+async fn a_loading_replica_refuses_connections_until_its_load_time() {
+    let started = std::time::Instant::now();
+    let replica = sim::start_replica(
+        "127.0.0.1:0".parse().unwrap(),
+        sim::ReplicaSpec {
+            time_scale: 20.0,
+            load_time: sim::LoadTime::Fixed(std::time::Duration::from_secs(40)),
+            ..sim::ReplicaSpec::default()
+        },
+    )
+    .await
+    .unwrap();
+    let addr = replica.local_addr();
+    let refused = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+    assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    // Then it listens: 40 s of engine time at 20× is 2 s of wall time.
+    let connected = loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(stream) => break stream,
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    drop(connected);
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2));
+    assert_eq!(Http::new(addr).get("/health").await.status, StatusCode::OK);
+}
+
+/// The calibrated load time: the weights at a network volume's speed
+/// (split over tensor-parallel ranks), then the engine's start-up.
+#[test]
+fn the_calibrated_load_time_grows_with_the_weights_per_gpu() {
+    let config = |model: &str, tp| {
+        sim::ReplicaSpec {
+            model: model.into(),
+            tensor_parallel: tp,
+            ..sim::ReplicaSpec::default()
+        }
+        .engine_config()
+        .unwrap()
+    };
+    let small = sim::calibrated_load_time(&config("llama-3.1-8b", Some(1)));
+    // 16.06 GB at 0.33 GB/s, plus 40 s.
+    assert!(
+        (small.as_secs_f64() - (16.06 / 0.33 + 40.0)).abs() < 1.0,
+        "{small:?}"
+    );
+    let big = sim::calibrated_load_time(&config("llama-3.1-70b", Some(4)));
+    assert!(big > small, "{big:?} vs {small:?}");
+    let big_tp8 = sim::calibrated_load_time(&config("llama-3.1-70b", Some(8)));
+    assert!(big_tp8 < big);
+    assert_eq!(
+        "calibrated".parse::<sim::LoadTime>().unwrap(),
+        sim::LoadTime::Calibrated
+    );
+    assert_eq!(
+        "45s".parse::<sim::LoadTime>().unwrap(),
+        sim::LoadTime::Fixed(std::time::Duration::from_secs(45))
+    );
+    assert!("soon".parse::<sim::LoadTime>().is_err());
+}

@@ -331,6 +331,15 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unread
         {
             p.add(format!("{sp}.timeScale"), "must be a positive number");
         }
+        if let Some(load) = &sim.load_time
+            && load != "calibrated"
+            && humantime::parse_duration(load).is_err()
+        {
+            p.add(
+                format!("{sp}.loadTime"),
+                "must be a duration (45s, 2m) or `calibrated`",
+            );
+        }
         if pool.models.len() > 1 {
             p.add(
                 format!("{path}.models"),

@@ -131,8 +131,8 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
                 "role": if pool.disaggregation().is_some() { "decode" } else { "both" },
                 "reachable": e.is_reachable(),
                 "health": health.name(),
-                // As infergate_pool_ready_endpoints counts it.
-                "ready": e.is_reachable() && !e.draining() && (health == picker::Health::Healthy || !cfg.policy.uses_signals()),
+                // As /readyz, the metrics and the status count it.
+                "ready": picker::is_ready(e, &cfg, now),
                 // Drained by hand: no new requests; evacuating: its
                 // streams move to other replicas.
                 "draining": e.draining(),

@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::auth::{Authenticator, Sources};
+use crate::flow::ColdStart;
 use crate::generation::pool::{Pool, Runtime};
+use crate::generation::wake::ScalerSlot;
 use crate::inbound::edge::ForwardedPaths;
 use crate::outbound::TrustedProxies;
 use crate::outbound::mirror::{MirrorRoom, Mirrors};
@@ -138,6 +140,9 @@ pub struct Runtimes {
     discovered: HashMap<String, Discovered>,
     /// The pools of the generation in force that are discovered.
     discovering: HashSet<String>,
+    /// What wakes cold pools whose workload is on Kubernetes; shared by
+    /// every pool, set once a Kubernetes client exists.
+    pub scaler: ScalerSlot,
 }
 
 /// One pool's replicas as discovery last reported them.
@@ -163,6 +168,7 @@ impl Runtimes {
             built: 0,
             discovered: HashMap::new(),
             discovering: HashSet::new(),
+            scaler: ScalerSlot::default(),
         }
     }
 
@@ -255,6 +261,9 @@ impl Runtimes {
                 connect_timeout,
                 tls,
             );
+            runtime
+                .admission()
+                .set_cold_start(ColdStart::new(&p.cold_start, &self.scaler));
             let pool_metrics = metrics.pool(
                 p,
                 runtime.picker(),

@@ -191,8 +191,6 @@ impl Runtime {
         tls: Option<PoolTls>,
     ) {
         self.picker.set_config(picker_config(spec));
-        self.admission
-            .set_cold_start(crate::flow::ColdStart::new(&spec.cold_start));
         let m = &spec.scheduling.metrics;
         let scrape = signals::ScrapeConfig {
             dialect: spec.engine,
@@ -492,16 +490,17 @@ impl Runtime {
     /// pool falls back to least-request when metrics are missing, so a
     /// metrics outage does not take the gateway out of service.
     pub fn is_ready(&self, now: Instant) -> bool {
+        self.ready_replicas(now) > 0
+    }
+
+    /// Replicas that can take requests now ([`picker::is_ready`]).
+    pub fn ready_replicas(&self, now: Instant) -> usize {
         let config = self.picker.config();
-        let needs_metrics =
-            config.policy.uses_signals() && config.fallback == picker::Fallback::Refuse;
-        self.picker.endpoints().iter().any(|e| {
-            e.is_reachable()
-                && !e.draining()
-                && (!needs_metrics
-                    || picker::health(&e.observation(), now, config.stale_after)
-                        == picker::Health::Healthy)
-        })
+        self.picker
+            .endpoints()
+            .iter()
+            .filter(|e| picker::is_ready(e, &config, now))
+            .count()
     }
 }
 

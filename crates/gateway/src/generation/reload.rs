@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::wake::Scaler;
 use super::{Discovered, Generation, Runtimes};
 use crate::members;
 use crate::state::State;
@@ -72,6 +73,11 @@ impl Reload {
         members::configure(&self.state, spec.global.as_ref(), spec.timeouts.idle());
         tracing::info!(pools = spec.pools.len(), "config applied");
         Ok(())
+    }
+
+    /// Scale cold pools' Kubernetes workloads up with `scaler` from now on.
+    pub fn set_scaler(&self, scaler: Box<dyn Scaler>) {
+        self.runtimes.lock().scaler.store(Some(Arc::new(scaler)));
     }
 
     /// Where discovery reports the replicas of pools found in Kubernetes.

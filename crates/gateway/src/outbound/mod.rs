@@ -8,6 +8,7 @@ pub mod continuation;
 pub mod disaggregated;
 pub mod forward;
 pub mod forwarded;
+pub mod held;
 pub mod mirror;
 mod outgoing;
 pub mod replica_error;

@@ -41,6 +41,9 @@ pub enum ResponseBody {
     Lines(tokio::sync::mpsc::Receiver<Bytes>),
     /// A global member's answer (members/body.rs).
     Member(Box<crate::members::answer_body::MemberBody>),
+    /// A body made elsewhere: a stream held for a cold pool, heartbeats
+    /// then the answer (held.rs).
+    Boxed(Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>),
 }
 
 pub struct ProxiedBody {
@@ -156,6 +159,7 @@ impl Body for ResponseBody {
                 lines.poll_recv(cx).map(|l| l.map(|l| Ok(Frame::data(l))))
             }
             ResponseBody::Member(m) => Pin::new(m.as_mut()).poll_frame(cx),
+            ResponseBody::Boxed(b) => b.as_mut().poll_frame(cx),
         }
     }
 
@@ -164,6 +168,7 @@ impl Body for ResponseBody {
             ResponseBody::Full(bytes) => bytes.is_none(),
             ResponseBody::Lines(_) => false,
             ResponseBody::Member(m) => m.is_end_stream(),
+            ResponseBody::Boxed(b) => b.is_end_stream(),
             ResponseBody::Proxied(p) => {
                 p.ended
                     || (p.first.is_none()
@@ -180,6 +185,7 @@ impl Body for ResponseBody {
             ResponseBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             ResponseBody::Full(None) => SizeHint::with_exact(0),
             ResponseBody::Lines(_) => SizeHint::default(),
+            ResponseBody::Boxed(b) => b.size_hint(),
             ResponseBody::Member(m) => m.size_hint(),
             // An SSE body may end with an error event of its own.
             ResponseBody::Proxied(p) if p.sse => SizeHint::default(),

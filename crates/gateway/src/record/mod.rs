@@ -98,6 +98,8 @@ pub struct Record {
     answering: Option<(Arc<picker::Endpoint>, Instant)>,
     /// Stream events (tokens) passed on.
     events: u64,
+    /// The request's latency objectives, whose attainment is counted.
+    slo: Option<picker::Slo>,
     /// The replicas the answer moved off, each with why and the tokens
     /// the client had by then.
     moves: Vec<Move>,
@@ -208,6 +210,7 @@ impl Record {
             error: None,
             answering: None,
             events: 0,
+            slo: None,
             moves: Vec::new(),
             latency: None,
             legs: None,
@@ -463,6 +466,30 @@ impl Record {
         self.usage = meter.usage();
         let streamed = meter.is_sse();
         self.measure_speed(streamed);
+    }
+
+    /// The request's band and latency objectives, known once it has its
+    /// flow-control ticket (before admission, which may refuse it).
+    pub fn objectives(&mut self, band: Priority, slo: Option<picker::Slo>) {
+        self.priority = Some(band);
+        self.slo = slo;
+    }
+
+    /// Whether the answer met each of its objectives, as the client saw
+    /// it: time to first token, and the mean time between its first and
+    /// last streamed events. `None` for an objective not set, or that the
+    /// answer cannot be judged on (no first token; fewer than two events).
+    fn slo_met(&self) -> (Option<bool>, Option<bool>) {
+        let Some(slo) = self.slo else {
+            return (None, None);
+        };
+        let ttft = slo.ttft.zip(self.ttft).map(|(want, got)| got <= want);
+        let itl = slo.itl.and_then(|want| {
+            let (first, last) = (self.clock.first()?, self.clock.last()?);
+            let gaps = u32::try_from(self.events.checked_sub(1)?).ok()?;
+            (gaps > 0).then(|| last.saturating_duration_since(first) / gaps <= want)
+        });
+        (ttft, itl)
     }
 
     /// Tell the picker how fast the replica answered: its speed, and, for

@@ -93,6 +93,21 @@ impl Record {
         m.observe_duration(end.duration);
         m.count_retries(self.retries);
         m.count_tokens(tenant, end.usage.prompt_tokens, end.usage.completion_tokens);
+        if self.slo.is_some() {
+            // A request refused or failed misses its objectives.
+            let (ttft, itl) = match end.status {
+                200..=299 => self.slo_met(),
+                _ => (Some(false), Some(false)),
+            };
+            let band = self.priority.unwrap_or_default();
+            let slo = self.slo.unwrap_or_default();
+            if slo.ttft.is_some() {
+                m.count_slo(tenant, band, "ttft", ttft);
+            }
+            if slo.itl.is_some() {
+                m.count_slo(tenant, band, "itl", itl);
+            }
+        }
         if let Some(reason) = self.refusal {
             m.count_refusal(reason);
         }

@@ -39,6 +39,10 @@ pub struct ColdStats {
     pub starts: u64,
     /// Seconds since the pool's last request; `None` before the first.
     pub idle_seconds: Option<f64>,
+    /// Seconds from a request finding the pool cold to its first ready
+    /// replica: the last cold start's, and all of them added up.
+    pub last_duration: Option<f64>,
+    pub durations_sum: f64,
 }
 
 /// What the gauges read of a pool's replicas that left it and still
@@ -54,9 +58,6 @@ pub(super) struct LivePool {
     pub name: Name,
     pub picker: Arc<picker::Picker>,
     pub admission: Arc<dyn FlowGauges>,
-    /// Whether readiness needs fresh metrics (scored pools) or only a
-    /// reachable replica.
-    pub uses_signals: bool,
     /// What the replicas' KV-cache events say; no publisher in it unless
     /// the pool follows them.
     pub prefix_index: Arc<kv_events::index::PoolIndex>,
@@ -95,9 +96,17 @@ struct Row {
     kv_usage: Option<f64>,
     stale: bool,
     ready: bool,
+    /// Over the pool's saturation thresholds.
+    saturated: bool,
     /// Seconds since the last good scrape; `None` before the first.
     age: Option<f64>,
     resident: Vec<String>,
+    /// The replica's learned latency model: its recent prediction errors
+    /// (mean absolute percentage, a fraction) of TTFT and of time per
+    /// output token, and whether the `predicted` policy trusts it.
+    ttft_mape: Option<f64>,
+    itl_mape: Option<f64>,
+    model_trusted: bool,
 }
 
 /// One replica rank's KV-events stream.
@@ -122,6 +131,8 @@ struct PoolRow {
     dispatched: u64,
     abandoned: u64,
     cold: ColdStats,
+    /// Share of the ready replicas that are saturated; 1 with none ready.
+    saturation: f64,
 }
 
 /// Every followed replica rank's stream, labelled by the replica's address.
@@ -229,7 +240,8 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
     let mut rows = Vec::new();
     let mut pool_rows = Vec::with_capacity(pools.len());
     for pool in pools {
-        let stale_after = pool.picker.config().stale_after;
+        let config = pool.picker.config();
+        let stale_after = config.stale_after;
         let first = rows.len();
         let (mut draining, mut evacuating) = pool.drains.leaving();
         for e in pool.picker.endpoints().iter() {
@@ -238,6 +250,7 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             let obs = e.observation();
             let healthy = picker::health(&obs, now, stale_after) == Health::Healthy;
             let s = obs.state.as_deref();
+            let latency = e.latency().summary();
             rows.push(Row {
                 pool: pool.name.clone(),
                 endpoint: e.addr.to_string(),
@@ -247,11 +260,17 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
                 running: s.and_then(|s| s.running),
                 kv_usage: s.and_then(|s| s.kv_usage),
                 stale: !healthy,
-                ready: e.is_reachable() && !e.draining() && (healthy || !pool.uses_signals),
+                ready: picker::is_ready(e, &config, now),
+                saturated: config
+                    .saturation
+                    .is_saturated(s.and_then(|s| s.waiting), s.and_then(|s| s.kv_usage)),
                 age: obs
                     .last_good
                     .map(|t| now.saturating_duration_since(t).as_secs_f64()),
                 resident: s.map(|s| s.resident_adapters.clone()).unwrap_or_default(),
+                ttft_mape: latency.ttft.mape,
+                itl_mape: latency.itl.mape,
+                model_trusted: latency.trusted,
             });
         }
         let mine = &rows[first..];
@@ -260,10 +279,11 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
         let mean = |values: Vec<f64>| {
             (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
         };
+        let ready = mine.iter().filter(|r| r.ready).count();
         pool_rows.push(PoolRow {
             pool: pool.name.clone(),
             endpoints: mine.len(),
-            ready: mine.iter().filter(|r| r.ready).count(),
+            ready,
             draining,
             evacuating,
             kv_usage_avg: mean(fresh().filter_map(|r| r.kv_usage).collect()),
@@ -277,6 +297,11 @@ fn read(pools: &[LivePool]) -> (Vec<Row>, Vec<PoolRow>) {
             dispatched: pool.admission.dispatched(),
             abandoned: pool.admission.abandoned(),
             cold: pool.admission.cold(),
+            saturation: if ready == 0 {
+                1.0
+            } else {
+                mine.iter().filter(|r| r.ready && r.saturated).count() as f64 / ready as f64
+            },
         });
     }
     (rows, pool_rows)
@@ -355,6 +380,30 @@ fn encode_autoscaling(
     )?;
     gauge(
         e,
+        "infergate_cold_start_last_seconds",
+        "How long the pool's last cold start took: from a request finding it cold to its first ready replica",
+        pools,
+        pool_labels,
+        |p| p.cold.last_duration,
+    )?;
+    counter(
+        e,
+        "infergate_cold_start_seconds",
+        "Seconds of every cold start of the pool added up (divided by infergate_cold_starts_total, the mean; starts still under way are not in it)",
+        pools,
+        pool_labels,
+        |p| p.cold.durations_sum,
+    )?;
+    gauge(
+        e,
+        "inference_extension_flow_control_pool_saturation",
+        "Share of the pool's ready replicas that are saturated (over its saturation thresholds); 1 with none ready",
+        pools,
+        name,
+        |p| Some(p.saturation),
+    )?;
+    gauge(
+        e,
         "infergate_pool_idle_seconds",
         "Seconds since the pool's last request, for scaling it down; absent before the first",
         pools,
@@ -387,14 +436,17 @@ where
     Ok(())
 }
 
-fn counter<T>(
+fn counter<T, N>(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     items: &[T],
     labels: impl Fn(&T) -> Vec<(&'static str, String)>,
-    value: impl Fn(&T) -> u64,
-) -> std::fmt::Result {
+    value: impl Fn(&T) -> N,
+) -> std::fmt::Result
+where
+    ConstCounter<N>: EncodeMetric,
+{
     let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
     for item in items {
         let labels = labels(item);
@@ -507,6 +559,29 @@ impl Collector for LiveGauges {
         )?;
         gauge(
             e,
+            "infergate_latency_prediction_error",
+            "Recent mean absolute percentage error (a fraction) of the replica's learned latency model, per target: ttft, or itl (time per output token); each prediction measured before the model learned from its observation",
+            &rows
+                .iter()
+                .flat_map(|r| [(r, "ttft", r.ttft_mape), (r, "itl", r.itl_mape)])
+                .collect::<Vec<_>>(),
+            |(r, target, _)| {
+                let mut labels = endpoint_labels(r);
+                labels.push(("target", (*target).to_owned()));
+                labels
+            },
+            |(_, _, mape)| *mape,
+        )?;
+        gauge(
+            e,
+            "infergate_latency_model_trusted",
+            "1 when the replica's learned latency model is trusted: the predicted policy ranks by it rather than by the scored fallback",
+            &rows,
+            endpoint_labels,
+            |r| Some(i64::from(r.model_trusted)),
+        )?;
+        gauge(
+            e,
             "infergate_endpoint_metrics_age_seconds",
             "Age of the replica's last good scrape",
             &rows,
@@ -542,7 +617,7 @@ impl Collector for LiveGauges {
         gauge(
             e,
             "infergate_pool_ready_endpoints",
-            "Replicas that can take requests: reachable, not draining, with fresh metrics when the pool scores on them",
+            "Replicas that can take requests: reachable, not draining, with fresh metrics when the pool refuses to pick without them",
             &pools,
             pool_labels,
             |p| Some(p.ready as i64),

@@ -94,6 +94,17 @@ struct TenantRouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SloLabels {
+    pool: Name,
+    model: Name,
+    tenant: Name,
+    band: &'static str,
+    objective: &'static str,
+    /// `met`, `missed`, or `unjudged` (an answer too short to tell).
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AuthFailureLabels {
     credential: &'static str,
     reason: &'static str,
@@ -181,6 +192,7 @@ struct Families {
     inter_token: HistogramFamily<RouteLabels>,
     prompt_tokens: Family<TenantRouteLabels, Counter>,
     completion_tokens: Family<TenantRouteLabels, Counter>,
+    slo: Family<SloLabels, Counter>,
     refused: Family<RefusedLabels, Counter>,
     auth_failures: Family<AuthFailureLabels, Counter>,
     retries: Family<PoolLabels, Counter>,
@@ -223,6 +235,7 @@ impl Families {
             inter_token: Family::new_with_constructor(latency_histogram),
             prompt_tokens: Family::default(),
             completion_tokens: Family::default(),
+            slo: Family::default(),
             refused: Family::default(),
             auth_failures: Family::default(),
             retries: Family::default(),
@@ -291,6 +304,11 @@ impl Families {
             "infergate_completion_tokens",
             "Completion tokens, from the usage the replica reported",
             f.completion_tokens.clone(),
+        );
+        registry.register(
+            "infergate_slo_requests",
+            "Requests with a latency objective (header or tenant), by objective (ttft, itl) and outcome: met, missed (a refused or failed request misses), or unjudged (no first token, or fewer than two streamed events for itl); attainment is met / (met + missed)",
+            f.slo.clone(),
         );
         registry.register(
             "infergate_refused",
@@ -653,7 +671,6 @@ impl Metrics {
             name: pool.clone(),
             picker: Arc::clone(picker),
             admission,
-            uses_signals: picker.config().policy.uses_signals(),
             prefix_index,
             drains,
         });
@@ -941,6 +958,7 @@ pub struct RouteMetrics {
     inter_token: Histogram,
     prompt_tokens: Family<TenantRouteLabels, Counter>,
     completion_tokens: Family<TenantRouteLabels, Counter>,
+    slo: Family<SloLabels, Counter>,
 }
 
 impl std::fmt::Debug for RouteMetrics {
@@ -969,6 +987,7 @@ impl RouteMetrics {
             inter_token: f.inter_token.get_or_create(&labels).clone(),
             prompt_tokens: f.prompt_tokens.clone(),
             completion_tokens: f.completion_tokens.clone(),
+            slo: f.slo.clone(),
             pool,
             model,
         }
@@ -1041,6 +1060,33 @@ impl RouteMetrics {
         if let Some(n) = completion {
             self.completion_tokens.get_or_create(&labels()).inc_by(n);
         }
+    }
+}
+
+impl RouteMetrics {
+    /// One objective of a request judged: met (`Some(true)`), missed, or
+    /// not judged.
+    pub fn count_slo(
+        &self,
+        tenant: &TenantLabel,
+        band: config::Priority,
+        objective: &'static str,
+        met: Option<bool>,
+    ) {
+        self.slo
+            .get_or_create(&SloLabels {
+                pool: self.pool.clone(),
+                model: self.model.clone(),
+                tenant: tenant.0.clone(),
+                band: band.as_str(),
+                objective,
+                outcome: match met {
+                    Some(true) => "met",
+                    Some(false) => "missed",
+                    None => "unjudged",
+                },
+            })
+            .inc();
     }
 }
 

@@ -196,6 +196,10 @@ impl EventClock {
     pub fn first(&self) -> Option<Instant> {
         self.first
     }
+
+    pub fn last(&self) -> Option<Instant> {
+        self.last
+    }
 }
 
 #[cfg(test)]

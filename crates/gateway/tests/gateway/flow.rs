@@ -358,9 +358,9 @@ async fn free_addr() -> std::net::SocketAddr {
     listener.local_addr().unwrap()
 }
 
-/// A cold pool (its one replica not started yet) holds requests of every
-/// band, wakes its webhook once, and answers every one of them, once,
-/// when the replica is ready.
+/// A cold pool (its one replica not started yet) holds 200 requests of
+/// every band, wakes its webhook once, drops a client that leaves, and
+/// answers every other request, once, when the replica is ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
     let addr = free_addr().await;
@@ -373,27 +373,41 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         .await
         .unwrap();
     debug_shows(&gw, "reachable", json!(false)).await;
-    const REQUESTS: usize = 30;
+    const REQUESTS: usize = 200;
     let bands = [Some("critical"), None, Some("sheddable")];
     let waiting: Vec<_> = (0..REQUESTS)
         .map(|i| send(&gw, &format!("cold-{i}"), bands[i % 3], None))
         .collect();
-    poll_until(
-        DEADLINE,
-        "every request waiting for the cold pool",
-        || async {
-            let m = scrape(&gw).await;
+    let leaver = send(&gw, "gone", Some("sheddable"), None);
+    let cold_waiting = |want: usize| {
+        let gw = &gw;
+        move || async move {
+            let m = scrape(gw).await;
             let n = m.value("infergate_cold_waiting_requests", &[("pool", "p")]);
-            if n == REQUESTS as f64 {
+            if n == want as f64 {
                 Ok(())
             } else {
                 Err(format!("{n} waiting"))
             }
-        },
+        }
+    };
+    poll_until(
+        DEADLINE,
+        "every request waiting for the cold pool",
+        cold_waiting(REQUESTS + 1),
     )
     .await;
+    leaver.abort();
+    poll_until(DEADLINE, "the leaver out of line", cold_waiting(REQUESTS)).await;
     let m = scrape(&gw).await;
     assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 0.0);
+    assert_eq!(
+        m.value(
+            "inference_extension_flow_control_pool_saturation",
+            &[("name", "p")]
+        ),
+        1.0
+    );
     assert_eq!(
         m.value("infergate_cold_starts_total", &[("pool", "p")]),
         1.0
@@ -411,6 +425,7 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         assert_eq!(resp.status(), 200);
     }
     assert_eq!(replica.count(), REQUESTS, "each answered once");
+    assert!(!arrival_order(&replica).contains(&"gone".to_owned()));
     assert_eq!(hook.count(), 1, "woken once");
     let m = scrape(&gw).await;
     assert_eq!(
@@ -418,6 +433,13 @@ async fn a_cold_pool_holds_requests_wakes_once_and_answers_all_when_ready() {
         0.0
     );
     assert_eq!(m.value("inference_pool_ready_pods", &[("name", "p")]), 1.0);
+    // The cold start took from the first request to the replica's start.
+    let took = m.value("infergate_cold_start_last_seconds", &[("pool", "p")]);
+    assert!(took > 0.0, "{took}");
+    assert_eq!(
+        m.value("infergate_cold_start_seconds_total", &[("pool", "p")]),
+        took
+    );
 }
 
 /// A pool that stays cold past its timeout: 503, with `Retry-After` and
@@ -783,4 +805,99 @@ async fn a_simulated_replica_takes_the_band_only_when_it_schedules_by_priority()
             }
         }
     }
+}
+
+/// A streaming request held for a cold pool with `heartbeat` set: after a
+/// heartbeat of waiting its head goes out (200, server-sent events) and a
+/// comment line every heartbeat, then the answer's events once a replica
+/// is ready; a non-streaming request just waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_held_for_a_cold_pool_hears_heartbeats_then_its_answer() {
+    let addr = free_addr().await;
+    let gw = Gateway::start(&cold_pool(
+        &addr.to_string(),
+        "timeout: 60s, heartbeat: 100ms",
+    ))
+    .await
+    .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    let stream = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send();
+    let plain = send(&gw, "plain", None, None);
+    let mut response = tokio::time::timeout(DEADLINE, stream)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    // Two heartbeats before any replica exists.
+    let mut seen = String::new();
+    while seen.matches(": waiting").count() < 2 {
+        let chunk = tokio::time::timeout(DEADLINE, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the held stream goes on");
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(!seen.contains("data:"), "{seen}");
+    let _replica = sim::start_replica(
+        addr,
+        sim::ReplicaSpec {
+            served_model_name: Some("m".into()),
+            time_scale: 20.0,
+            ..sim::ReplicaSpec::default()
+        },
+    )
+    .await
+    .unwrap();
+    while let Some(chunk) = tokio::time::timeout(DEADLINE, response.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(seen.ends_with("data: [DONE]\n\n"), "{seen}");
+    assert_eq!(
+        seen.matches("\"finish_reason\":\"length\"").count(),
+        1,
+        "{seen}"
+    );
+    let plain = plain.await.unwrap();
+    assert_eq!(plain.status(), 200);
+    assert_eq!(plain.headers()["content-type"], "application/json");
+}
+
+/// A held stream whose pool stays cold past its timeout ends with the
+/// refusal as an error event: its status went out as 200.
+#[tokio::test]
+async fn a_held_stream_past_the_cold_timeout_ends_with_an_error_event() {
+    let addr = free_addr().await;
+    let gw = Gateway::start(&cold_pool(
+        &addr.to_string(),
+        "timeout: 500ms, heartbeat: 100ms",
+    ))
+    .await
+    .unwrap();
+    debug_shows(&gw, "reachable", json!(false)).await;
+    let response = client()
+        .post(format!("http://{}{CHAT}", gw.addr()))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    assert!(body.starts_with(": waiting"), "{body}");
+    let event = body
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .expect("an error event");
+    let error: Value = serde_json::from_str(event).unwrap();
+    assert_eq!(error["error"]["code"], "cold_start_timeout", "{body}");
 }

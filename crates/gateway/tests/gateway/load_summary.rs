@@ -138,9 +138,10 @@ async fn the_stream_says_at_once_when_the_load_changes_and_beats_while_it_does_n
         response,
         buffer: Vec::new(),
     };
-    // Until the replica's first scrape is in.
+    // Until the replica's first scrape is in (it is ready once reachable,
+    // before its metrics are read: the pool picks without them).
     let mut line = lines.next().await;
-    while line["models"]["m"]["readyReplicas"] != 1 {
+    while line["models"]["m"]["readyReplicas"] != 1 || line["models"]["m"]["kvHeadroom"] != 0.5 {
         line = lines.next().await;
     }
     let before = line["generation"].as_u64().unwrap();

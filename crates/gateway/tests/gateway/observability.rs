@@ -534,11 +534,10 @@ async fn debug_pools_and_metrics_follow_a_replica_going_stale_and_back() {
     );
     let m = scrape(&gw).await;
     assert_eq!(m.value("infergate_endpoint_stale", &series), 1.0);
-    assert_eq!(
-        m.value("infergate_pool_ready_endpoints", &[("pool", "llama")]),
-        0.0
-    );
     assert!(m.value("infergate_endpoint_metrics_age_seconds", &series) > 0.15);
+    // Still ready: the pool picks without signals (`fallback:
+    // least-request`), and every view of readiness says so.
+    ready_everywhere(&gw, "llama", 1).await;
     // Traffic still flows, picked without signals, and that is counted.
     let resp = post(&gw, "blind", chat_body("m", false), &[]).await;
     assert_eq!(resp.status(), 200);
@@ -556,10 +555,71 @@ async fn debug_pools_and_metrics_follow_a_replica_going_stale_and_back() {
     assert!(endpoint(&pools, "llama")["scores"]["total"].is_number());
     let m = scrape(&gw).await;
     assert_eq!(m.value("infergate_endpoint_stale", &series), 0.0);
-    assert_eq!(
-        m.value("infergate_pool_ready_endpoints", &[("pool", "llama")]),
-        1.0
+    ready_everywhere(&gw, "llama", 1).await;
+}
+
+/// `/readyz`, the pool and its replicas in `/debug/pools`, the ready
+/// metrics and what the custom resource's status is written from
+/// ([`Gateway::ready_endpoints`]) give the same count, read together.
+async fn ready_everywhere(gw: &Gateway, pool: &str, want: usize) {
+    let readyz = client()
+        .get(format!("http://{}/readyz", gw.addr()))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    let pools = debug_pools(gw).await;
+    let shown = pools["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == pool)
+        .unwrap()
+        .clone();
+    let m = scrape(gw).await;
+    let status: Vec<(String, usize)> = gw.ready_endpoints();
+    let replicas_ready = shown["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ready"] == true)
+        .count();
+    let views = (
+        readyz.is_success(),
+        shown["ready"] == true,
+        replicas_ready,
+        m.value("infergate_pool_ready_endpoints", &[("pool", pool)]) as usize,
+        m.value("inference_pool_ready_pods", &[("name", pool)]) as usize,
+        status.iter().find(|(p, _)| p == pool).unwrap().1,
     );
+    assert_eq!(
+        views,
+        (want > 0, want > 0, want, want, want, want),
+        "(/readyz, pool ready, replicas ready, ready metric, ready pods, status)"
+    );
+}
+
+/// With `fallback: refuse` a replica whose metrics went stale takes no
+/// request, and every view of readiness drops it at once.
+#[tokio::test]
+async fn a_stale_replica_of_a_pool_that_refuses_without_metrics_is_ready_nowhere() {
+    let replica = FakeReplica::start("a", Behaviour::Echo).await;
+    let cfg = config(
+        "  admin: {address: \"127.0.0.1:0\"}\n",
+        &format!(
+            "    - {{name: llama, engine: vllm, models: [m], endpoints: [\"{}\"], scheduling: {{fallback: refuse, metrics: {{interval: 20ms, staleAfter: 150ms, timeout: 30s}}}}}}\n",
+            replica.addr
+        ),
+    );
+    let gw = Gateway::start(&cfg).await.unwrap();
+    until_endpoint(&gw, "llama", "healthy", |e| e["health"] == "healthy").await;
+    ready_everywhere(&gw, "llama", 1).await;
+    replica.set_metrics_fault(MetricsFault::Hang);
+    until_endpoint(&gw, "llama", "stale", |e| e["health"] == "stale").await;
+    ready_everywhere(&gw, "llama", 0).await;
+    replica.set_metrics_fault(MetricsFault::None);
+    until_endpoint(&gw, "llama", "healthy again", |e| e["health"] == "healthy").await;
+    ready_everywhere(&gw, "llama", 1).await;
 }
 
 #[tokio::test]

@@ -45,6 +45,29 @@ fn models(pools: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// Until `n` replicas of the pool are scraped and ready.
+async fn until_ready(gw: &Gateway, n: usize) {
+    poll_until(
+        std::time::Duration::from_secs(10),
+        "the replicas scraped",
+        || async {
+            let pools: Value = serde_json::from_str(&admin_get(gw, "/debug/pools").await).unwrap();
+            let ready = pools["pools"][0]["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["ready"] == true)
+                .count();
+            if ready == n {
+                Ok(())
+            } else {
+                Err(format!("{ready} ready"))
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_teach_the_latency_models_and_objectives_follow_the_band() {
     let a = replica().await;
@@ -57,25 +80,7 @@ async fn streams_teach_the_latency_models_and_objectives_follow_the_band() {
     let gw = Gateway::start(&config("  admin: {address: \"127.0.0.1:0\"}\n", &pool))
         .await
         .unwrap();
-    poll_until(
-        std::time::Duration::from_secs(10),
-        "both replicas scraped",
-        || async {
-            let pools: Value = serde_json::from_str(&admin_get(&gw, "/debug/pools").await).unwrap();
-            let ready = pools["pools"][0]["endpoints"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|e| e["ready"] == true)
-                .count();
-            if ready == 2 {
-                Ok(())
-            } else {
-                Err(format!("{ready} ready"))
-            }
-        },
-    )
-    .await;
+    until_ready(&gw, 2).await;
 
     // A malformed objective is the client's error.
     let (status, body) = stream(&gw, &[("x-infergate-slo-ttft-ms", "soon")]).await;
@@ -131,4 +136,74 @@ async fn streams_teach_the_latency_models_and_objectives_follow_the_band() {
     // A reachable one changes nothing.
     let (status, _) = stream(&gw, &[("x-infergate-slo-ttft-ms", "60000")]).await;
     assert_eq!(status, 200);
+
+    // Attainment is counted per band and tenant: the refused sheddable
+    // request missed, the reachable one met its objective.
+    let metrics = admin_get(&gw, "/metrics").await;
+    let slo = |band: &str, outcome: &str| {
+        sample(
+            &metrics,
+            &format!(
+                "infergate_slo_requests_total{{pool=\"p\",model=\"m\",tenant=\"anonymous\",band=\"{band}\",objective=\"ttft\",outcome=\"{outcome}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!(slo("sheddable", "missed"), 1.0, "{metrics}");
+    assert_eq!(slo("standard", "met"), 1.0, "{metrics}");
+    // Each replica's prediction error, and whether it is trusted.
+    for addr in &addrs {
+        for target in ["ttft", "itl"] {
+            let mape = sample(
+                &metrics,
+                &format!(
+                    "infergate_latency_prediction_error{{pool=\"p\",endpoint=\"{addr}\",target=\"{target}\"}}"
+                ),
+            )
+            .unwrap_or_else(|| panic!("no {target} error for {addr}: {metrics}"));
+            assert!((0.0..0.35).contains(&mape), "{addr} {target}: {mape}");
+        }
+        assert_eq!(
+            sample(
+                &metrics,
+                &format!("infergate_latency_model_trusted{{pool=\"p\",endpoint=\"{addr}\"}}")
+            ),
+            Some(1.0)
+        );
+    }
+}
+
+/// A tenant's configured objectives apply to its requests that send none;
+/// a header overrides them.
+#[tokio::test]
+async fn a_tenants_objectives_apply_unless_the_request_sends_its_own() {
+    let a = replica().await;
+    let pool = format!(
+        "    - {{name: p, engine: vllm, models: [m], endpoints: [\"{}\"]}}\n",
+        a.local_addr()
+    );
+    let top = format!(
+        "  admin: {{address: \"127.0.0.1:0\"}}\n  auth: {{apiKeys: {{keys: [{{tenant: fast, sha256: {}}}]}}}}\n  tenants: [{{name: fast, slo: {{ttft: 1ms}}}}]\n",
+        gateway::auth::api_keys::sha256_hex("sk-fast")
+    );
+    let gw = Gateway::start(&config(&top, &pool)).await.unwrap();
+    until_ready(&gw, 1).await;
+    let key = ("authorization", "Bearer sk-fast");
+    // A 1 ms time to first token is beyond this replica: missed.
+    let (status, body) = stream(&gw, &[key]).await;
+    assert_eq!(status, 200, "{body}");
+    // The header's own objective replaces the tenant's: met.
+    let (status, _) = stream(&gw, &[key, ("x-infergate-slo-ttft-ms", "60000")]).await;
+    assert_eq!(status, 200);
+    let metrics = admin_get(&gw, "/metrics").await;
+    let slo = |outcome: &str| {
+        sample(
+            &metrics,
+            &format!(
+                "infergate_slo_requests_total{{pool=\"p\",model=\"m\",tenant=\"fast\",band=\"standard\",objective=\"ttft\",outcome=\"{outcome}\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    assert_eq!((slo("met"), slo("missed")), (1.0, 1.0), "{metrics}");
 }

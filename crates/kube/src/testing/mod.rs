@@ -3,8 +3,9 @@
 //!
 //! It serves namespaced list, watch, get, create, replace, merge patch and
 //! server-side apply (as kube-rs sends them) for pods, leases,
-//! InferencePools and InferenceGatewayConfigs, with the `/status`
-//! subresource, one monotonically increasing resourceVersion, generation
+//! InferencePools, InferenceGatewayConfigs and the workloads a cold pool
+//! wakes (Deployments, StatefulSets, LeaderWorkerSets), with the `/status`
+//! subresource and the workloads' `/scale`, one monotonically increasing resourceVersion, generation
 //! bumped on spec changes only, label selectors, bookmarks and `410
 //! Expired` for a watch that resumes from before a compaction. Knobs let a
 //! test compact history, cut every open watch, make watches go silent,

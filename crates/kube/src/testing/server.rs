@@ -114,6 +114,24 @@ pub async fn handle(
     } else {
         Part::Main
     };
+    if route.scale {
+        let mut store = shared.store.lock();
+        let result = match verb {
+            Verb::Get => store.scale(&route.resource, &route.namespace, &name),
+            Verb::Replace => parse_body(&body).and_then(|scale| {
+                store.set_scale(&route.resource, &route.namespace, &name, &scale)
+            }),
+            _ => Err(Refusal::new(
+                405,
+                "MethodNotAllowed",
+                "the double reads and replaces /scale only",
+            )),
+        };
+        return Ok(match result {
+            Ok(scale) => json_response(StatusCode::OK, &scale),
+            Err(r) => refusal(&r),
+        });
+    }
     let content_type = parts
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -506,6 +524,8 @@ struct Route {
     namespace: String,
     name: Option<String>,
     status: bool,
+    /// The `/scale` subresource.
+    scale: bool,
 }
 
 impl Route {
@@ -523,10 +543,13 @@ impl Route {
             .iter()
             .find(|r| r.group == group && r.version == version && r.plural == *plural)?
             .clone();
-        let (name, status) = match tail {
-            [] => (None, false),
-            [name] => (Some(name.to_string()), false),
-            [name, "status"] if resource.status_subresource => (Some(name.to_string()), true),
+        let (name, status, scale) = match tail {
+            [] => (None, false, false),
+            [name] => (Some(name.to_string()), false, false),
+            [name, "status"] if resource.status_subresource => {
+                (Some(name.to_string()), true, false)
+            }
+            [name, "scale"] if resource.scale_subresource => (Some(name.to_string()), false, true),
             _ => return None,
         };
         Some(Route {
@@ -534,6 +557,7 @@ impl Route {
             namespace: namespace.to_string(),
             name,
             status,
+            scale,
         })
     }
 }

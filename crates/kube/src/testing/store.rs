@@ -18,6 +18,9 @@ pub struct Resource {
     /// Writes to the object leave `status` alone; `/status` writes change
     /// only `status`.
     pub status_subresource: bool,
+    /// `/scale` reads and writes `spec.replicas` as an `autoscaling/v1`
+    /// Scale.
+    pub scale_subresource: bool,
 }
 
 impl Resource {
@@ -27,6 +30,7 @@ impl Resource {
         plural: "pods",
         kind: "Pod",
         status_subresource: true,
+        scale_subresource: false,
     };
     pub const LEASES: Resource = Resource {
         group: "coordination.k8s.io",
@@ -34,6 +38,7 @@ impl Resource {
         plural: "leases",
         kind: "Lease",
         status_subresource: false,
+        scale_subresource: false,
     };
     pub const INFERENCE_POOLS: Resource = Resource {
         group: "inference.networking.k8s.io",
@@ -41,6 +46,7 @@ impl Resource {
         plural: "inferencepools",
         kind: "InferencePool",
         status_subresource: true,
+        scale_subresource: false,
     };
     pub const GATEWAY_CONFIGS: Resource = Resource {
         group: "infergate.dev",
@@ -48,12 +54,40 @@ impl Resource {
         plural: "inferencegatewayconfigs",
         kind: "InferenceGatewayConfig",
         status_subresource: true,
+        scale_subresource: false,
     };
-    pub const ALL: [Resource; 4] = [
+    pub const DEPLOYMENTS: Resource = Resource {
+        group: "apps",
+        version: "v1",
+        plural: "deployments",
+        kind: "Deployment",
+        status_subresource: true,
+        scale_subresource: true,
+    };
+    pub const STATEFULSETS: Resource = Resource {
+        group: "apps",
+        version: "v1",
+        plural: "statefulsets",
+        kind: "StatefulSet",
+        status_subresource: true,
+        scale_subresource: true,
+    };
+    pub const LEADER_WORKER_SETS: Resource = Resource {
+        group: "leaderworkerset.x-k8s.io",
+        version: "v1",
+        plural: "leaderworkersets",
+        kind: "LeaderWorkerSet",
+        status_subresource: true,
+        scale_subresource: true,
+    };
+    pub const ALL: [Resource; 7] = [
         Self::PODS,
         Self::LEASES,
         Self::INFERENCE_POOLS,
         Self::GATEWAY_CONFIGS,
+        Self::DEPLOYMENTS,
+        Self::STATEFULSETS,
+        Self::LEADER_WORKER_SETS,
     ];
 
     pub fn api_version(&self) -> String {
@@ -366,6 +400,67 @@ impl Store {
             None,
         );
         Ok(object)
+    }
+
+    /// The object's `/scale`: an `autoscaling/v1` Scale whose
+    /// resourceVersion is the object's.
+    pub fn scale(
+        &self,
+        resource: &Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, Refusal> {
+        let object = self
+            .get(resource, namespace, name)
+            .ok_or_else(|| Refusal::not_found(resource, name))?;
+        let replicas = |pointer: &str| object.pointer(pointer).and_then(Value::as_i64).unwrap_or(0);
+        Ok(json!({
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "resourceVersion": resource_version_of(object),
+                "uid": object.pointer("/metadata/uid").cloned().unwrap_or(Value::Null),
+            },
+            "spec": {"replicas": replicas("/spec/replicas")},
+            "status": {"replicas": replicas("/status/replicas")},
+        }))
+    }
+
+    /// Write `/scale`: `spec.replicas` from `scale`, whose resourceVersion,
+    /// when given, must be the object's (optimistic concurrency).
+    pub fn set_scale(
+        &mut self,
+        resource: &Resource,
+        namespace: &str,
+        name: &str,
+        scale: &Value,
+    ) -> Result<Value, Refusal> {
+        let Some(mut object) = self.get(resource, namespace, name).cloned() else {
+            return Err(Refusal::not_found(resource, name));
+        };
+        let replicas = scale
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| Refusal::new(422, "Invalid", "spec.replicas: Required value"))?;
+        let spec = object
+            .as_object_mut()
+            .expect("stored objects are objects")
+            .entry("spec")
+            .or_insert_with(|| json!({}));
+        spec["replicas"] = json!(replicas);
+        if let Some(given) = scale
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            metadata_mut(&mut object).insert("resourceVersion".into(), json!(given));
+        } else {
+            metadata_mut(&mut object).remove("resourceVersion");
+        }
+        self.replace(resource, namespace, name, object, Part::Main)?;
+        self.scale(resource, namespace, name)
     }
 
     fn commit(

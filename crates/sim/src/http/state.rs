@@ -45,7 +45,7 @@ impl StopSignal {
         });
     }
 
-    pub(super) fn subscribe(&self) -> watch::Receiver<StopMode> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<StopMode> {
         self.0.subscribe()
     }
 }

@@ -115,6 +115,7 @@ impl SummaryBook {
                     queue_depth: figures.queue_depth,
                     in_flight: figures.in_flight,
                     saturated: figures.saturated,
+                    cold: figures.ready == 0,
                     error_rate: rate(recent.errors),
                     throttle_rate: rate(recent.throttled),
                 },
@@ -178,10 +179,8 @@ impl PoolFigures {
             let obs = e.observation();
             let state = obs.state.as_deref();
             waiting += state.and_then(|s| s.waiting).unwrap_or(0);
-            let healthy = picker::health(&obs, now, cfg.stale_after) == picker::Health::Healthy;
-            // As /debug/pools and infergate_pool_ready_endpoints count it.
-            let usable = e.is_reachable() && (healthy || !cfg.policy.uses_signals());
-            if !usable || e.draining() {
+            // As /readyz, /debug/pools and the ready metrics count it.
+            if !picker::is_ready(e, &cfg, now) {
                 continue;
             }
             ready += 1;
