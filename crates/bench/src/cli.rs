@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 
 use crate::agreement;
 use crate::cold_start::{self, ColdStartOptions};
+use crate::disaggregation;
 use crate::failover::{self, FailoverOptions};
 use crate::live::GatewayLauncher;
 use crate::policy;
@@ -205,6 +206,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == failover::NAME {
         return run_failover(&args).await;
     }
+    if args.scenario == disaggregation::NAME {
+        return run_disaggregation(&args);
+    }
     if args.scenario == cold_start::NAME {
         return run_cold_start(&args).await;
     }
@@ -286,6 +290,28 @@ async fn run_failover(args: &BenchArgs) -> anyhow::Result<()> {
                 dir.display()
             );
         }
+    }
+    Ok(())
+}
+
+/// `--scenario disaggregation`: virtual time only; of the other options
+/// `--quick`, `--requests`, `--seed` and `--out` apply.
+fn run_disaggregation(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.mode == ModeArg::Live || args.mode == ModeArg::Both {
+        bail!(
+            "{} runs in virtual time only (--mode virtual)",
+            disaggregation::NAME
+        );
+    }
+    let count = args
+        .requests
+        .map_or(if args.quick { 400 } else { 3000 }, |n| n as usize);
+    let rows = disaggregation::rows(count, args.seed);
+    let table = disaggregation::markdown(&rows, count, args.seed);
+    print(&table)?;
+    if let Some(dir) = &args.out {
+        let path = dir.join(format!("{}.md", disaggregation::NAME));
+        std::fs::write(&path, &table).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

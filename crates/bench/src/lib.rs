@@ -15,6 +15,8 @@
 //! - [`routers`]: infergate and the peer routers `--routers` compares.
 //! - [`comparison`]: which router is best in a scenario, by how much.
 //! - [`failover`]: the global tier losing a member under load.
+//! - [`disaggregation`]: aggregated against prefill/decode disaggregated
+//!   fleets at equal GPUs, in virtual time.
 //! - [`stats`]: per-request outcomes and their summary.
 //! - [`report`]: JSON, markdown and SVG output.
 //! - [`suite`]: one scenario, every policy, every load.
@@ -27,6 +29,7 @@ pub mod capacity;
 pub mod cli;
 pub mod cold_start;
 pub mod comparison;
+pub mod disaggregation;
 pub mod failover;
 pub mod flow;
 pub mod live;

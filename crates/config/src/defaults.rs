@@ -286,3 +286,13 @@ pub const TOKENIZE_TIMEOUT: Duration = Duration::from_millis(250);
 /// An offloaded block saves about half of what a block in GPU memory
 /// does: it must be copied back before the prefill can use it.
 pub const OFFLOAD_WEIGHT: f64 = 0.5;
+/// `disaggregation.decider.minUncachedTokens`: below about 512 uncached
+/// tokens a decode replica prefills the prompt in one chunk of a step it
+/// runs anyway, for less than the extra hop and the KV transfer cost.
+pub const DISAGGREGATION_MIN_UNCACHED_TOKENS: u32 = 512;
+/// `disaggregation.prefillTimeout`: a long prompt queued behind others on
+/// a busy prefill replica takes seconds; a minute means it is stuck.
+pub const DISAGGREGATION_PREFILL_TIMEOUT: Duration = Duration::from_secs(60);
+/// `disaggregation.prefill.bootstrapPort`: SGLang's
+/// `--disaggregation-bootstrap-port` default.
+pub const SGLANG_BOOTSTRAP_PORT: u16 = 8998;

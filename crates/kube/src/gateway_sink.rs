@@ -55,6 +55,33 @@ struct Key {
     inference_pool: Option<config::InferencePoolRef>,
 }
 
+impl Key {
+    fn of(discovery: config::Discovery<'_>) -> Self {
+        match discovery {
+            config::Discovery::Selector(s) => Key {
+                selector: Some(s.clone()),
+                inference_pool: None,
+            },
+            config::Discovery::InferencePool(r) => Key {
+                selector: None,
+                inference_pool: Some(r.clone()),
+            },
+        }
+    }
+}
+
+/// What `pool` has watched, by the name its replicas are reported under:
+/// its own replicas, and a disaggregated pool's prefill group.
+fn watches(pool: &config::Pool) -> Vec<(String, config::Discovery<'_>)> {
+    let own = pool.discovery().map(|d| (pool.name.clone(), d));
+    let prefill = pool
+        .disaggregation
+        .as_ref()
+        .and_then(|d| d.prefill_discovery())
+        .map(|d| (config::prefill_group_name(&pool.name), d));
+    own.into_iter().chain(prefill).collect()
+}
+
 /// The watches of every discovered pool of the config in force.
 #[derive(Default)]
 pub struct Discoveries {
@@ -79,7 +106,7 @@ impl Discoveries {
     /// none can be made comes before anything is applied.
     pub async fn prepare(&mut self, config: &config::InferenceGatewayConfig) -> anyhow::Result<()> {
         let needed = config.spec.pools.iter().any(|p| {
-            p.discovery().is_some()
+            !watches(p).is_empty()
                 || p.cold_start
                     .wake
                     .as_ref()
@@ -103,27 +130,21 @@ impl Discoveries {
         }
         let sink: Arc<dyn Sink> = Arc::new(gateway.discovery());
         let mut running = HashMap::new();
-        for pool in &config.spec.pools {
-            let Some(discovery) = pool.discovery() else {
-                continue;
-            };
-            let key = Key {
-                selector: pool.endpoint_selector.clone(),
-                inference_pool: pool.inference_pool.clone(),
-            };
-            let kept = self.running.remove(&pool.name).filter(|(k, _)| *k == key);
+        for (name, discovery) in config.spec.pools.iter().flat_map(watches) {
+            let key = Key::of(discovery);
+            let kept = self.running.remove(&name).filter(|(k, _)| *k == key);
             let entry = match (kept, &self.client) {
                 (Some(kept), _) => kept,
                 (None, Some(client)) => (
                     key,
-                    start::follow(client.clone(), &pool.name, discovery, Arc::clone(&sink)),
+                    start::follow(client.clone(), &name, discovery, Arc::clone(&sink)),
                 ),
                 (None, None) => {
-                    tracing::error!(pool = %pool.name, "no Kubernetes client: the pool's replicas cannot be discovered");
+                    tracing::error!(pool = %name, "no Kubernetes client: the pool's replicas cannot be discovered");
                     continue;
                 }
             };
-            running.insert(pool.name.clone(), entry);
+            running.insert(name, entry);
         }
         // Watches left in `self.running` stop as they drop here.
         self.running = running;

@@ -556,3 +556,138 @@ async fn the_scaler_raises_the_scale_only_below_the_target() {
         .unwrap_err();
     assert!(missing.contains("absent"), "{missing}");
 }
+
+/// A disaggregated pool whose decode and prefill replicas are both found
+/// by label (`llm-d.ai/role`): the prefill group follows its pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_group_found_by_label_follows_its_pods() {
+    let server = ApiServer::start().await;
+    let port = free_port();
+    let with_role = |n: u8, role: sim::Role| sim::ReplicaSpec {
+        served_model_name: Some("m".into()),
+        time_scale: 20.0,
+        seed: u64::from(n),
+        disaggregation: sim::DisaggregationSpec {
+            role,
+            ..sim::DisaggregationSpec::default()
+        },
+        ..sim::ReplicaSpec::default()
+    };
+    let _decode = sim::start_replica(
+        SocketAddr::new(ip(2), port),
+        with_role(2, sim::Role::Decode),
+    )
+    .await
+    .unwrap();
+    let prefill = sim::start_replica(
+        SocketAddr::new(ip(3), port),
+        with_role(3, sim::Role::Prefill),
+    )
+    .await
+    .unwrap();
+    server.put(
+        &Resource::PODS,
+        NS,
+        ready_pod(2, &[("llm-d.ai/role", "decode")]),
+    );
+    server.put(
+        &Resource::PODS,
+        NS,
+        ready_pod(3, &[("llm-d.ai/role", "prefill")]),
+    );
+    let yaml = format!(
+        "apiVersion: infergate.dev/v1alpha1
+kind: InferenceGatewayConfig
+spec:
+  listeners: [{{name: public, address: \"127.0.0.1:0\"}}]
+  admin: {{address: \"127.0.0.1:0\"}}
+  pools:
+    - name: p
+      engine: vllm
+      models: [m]
+      endpointSelector: {{namespace: {NS}, matchLabels: {{llm-d.ai/role: decode}}, port: {port}}}
+      scheduling: {{metrics: {{interval: 50ms}}}}
+      disaggregation:
+        protocol: vllm
+        prefill:
+          endpointSelector: {{namespace: {NS}, matchLabels: {{llm-d.ai/role: prefill}}, port: {port}}}
+"
+    );
+    let config = config::from_yaml(&yaml).unwrap();
+    let gw = Gateway::start(&config).await.unwrap();
+    let mut discoveries = Discoveries::with_client(server.client());
+    discoveries.sync(&config, &gw);
+    wait_endpoints(&gw, &[addr(2, port)]).await;
+    let prefills = || async {
+        let admin = gw.admin_addr().unwrap();
+        let pools: serde_json::Value = client()
+            .get(format!("http://{admin}/debug/pools"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        pools["pools"][0]["disaggregation"]["prefill"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["address"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let end = tokio::time::Instant::now() + WAIT;
+    while prefills().await != [addr(3, port)] {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "prefill group {:?}",
+            prefills().await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let long = "the quarterly report says revenue grew while costs fell ".repeat(300);
+    let body = serde_json::json!({"model": "m", "max_tokens": 4,
+        "messages": [{"role": "user", "content": long}]});
+    let send = || async {
+        client()
+            .post(format!("http://{}/v1/chat/completions", gw.addr()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    };
+    assert_eq!(send().await.status(), 200);
+    let prefilled = || async {
+        let text = client()
+            .get(format!("http://{}/metrics", prefill.local_addr()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("vllm:request_success_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert_eq!(
+        prefilled().await,
+        1.0,
+        "the discovered prefill replica computed the prompt"
+    );
+
+    // Its pod gone, the group is empty: the decode replica does it all.
+    server.delete(&Resource::PODS, NS, &pod_named(3));
+    let end = tokio::time::Instant::now() + WAIT;
+    while !prefills().await.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "prefill group {:?}",
+            prefills().await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(send().await.status(), 200);
+    assert_eq!(prefilled().await, 1.0);
+}

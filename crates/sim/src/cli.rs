@@ -3,7 +3,9 @@
 use std::fmt::Write;
 use std::net::IpAddr;
 
-use crate::engine::SchedulingPolicy;
+use crate::disaggregation::Role;
+use crate::engine::kv_transfer::link_preset;
+use crate::engine::{KvLink, SchedulingPolicy};
 use crate::faults::{Faults, MetricsFault};
 use crate::fleet::{Fleet, FleetSpec, LoadTime, start_fleet};
 use crate::kv_cache_events::KvEventsSpec;
@@ -104,6 +106,22 @@ pub struct SimArgs {
     /// start-up. Divided by --time-scale in wall time.
     #[arg(long, default_value = "0s")]
     pub load_time: LoadTime,
+    /// Prefill/decode disaggregation: the role of each replica in order
+    /// (`prefill`, `decode`, `both`); replicas past the list are `both`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_role)]
+    pub roles: Vec<Role>,
+    /// The link decode replicas pull KV over: `rdma` (400 Gb/s) or `tcp`
+    /// (100 Gb Ethernet).
+    #[arg(long, default_value = "rdma", value_parser = parse_kv_link)]
+    pub kv_link: KvLink,
+}
+
+fn parse_role(name: &str) -> Result<Role, String> {
+    name.parse()
+}
+
+fn parse_kv_link(name: &str) -> Result<KvLink, String> {
+    link_preset(name).ok_or_else(|| format!("unknown KV link `{name}`: use rdma or tcp"))
 }
 
 /// `--dialect`: the dialects the simulator renders, each with the metric
@@ -174,6 +192,8 @@ impl SimArgs {
                 topic: self.kv_events_topic.clone(),
                 ..KvEventsSpec::default()
             }),
+            roles: self.roles.clone(),
+            kv_link: self.kv_link,
             load_time: self.load_time,
         }
     }
@@ -318,6 +338,32 @@ mod tests {
             spec.replica(1).engine_config().unwrap().scheduling_policy,
             SchedulingPolicy::Priority
         );
+    }
+
+    #[test]
+    fn roles_and_the_kv_link_go_to_the_replicas() {
+        let spec = Cli::parse_from([
+            "sim",
+            "--replicas",
+            "3",
+            "--roles",
+            "prefill,decode",
+            "--kv-link",
+            "tcp",
+        ])
+        .sim
+        .fleet_spec();
+        let role = |i| spec.replica(i).disaggregation.role;
+        assert_eq!(
+            (role(0), role(1), role(2)),
+            (Role::Prefill, Role::Decode, Role::Both)
+        );
+        assert_eq!(
+            spec.replica(1).disaggregation.link,
+            crate::engine::kv_transfer::TCP_100G
+        );
+        assert!(Cli::try_parse_from(["sim", "--roles", "producer"]).is_err());
+        assert!(Cli::try_parse_from(["sim", "--kv-link", "nvlink"]).is_err());
     }
 
     #[test]

@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 use tokio::net::TcpSocket;
 use tokio::sync::watch;
 
-use crate::engine::{Engine, EngineConfig, SchedulingPolicy};
+use crate::disaggregation::{DisaggregationSpec, Role};
+use crate::engine::{Engine, EngineConfig, KvLink, SchedulingPolicy};
 use crate::faults::{FaultState, Faults, FaultsUpdate};
 use crate::http::{self, AppState, Drain, StopMode, StopSignal};
 use crate::kv_cache_events::{self, KvEventSink, KvEventsSpec};
@@ -59,6 +60,9 @@ pub struct ReplicaSpec {
     /// Publish KV-cache events as vLLM's `--kv-events-config` does; off
     /// when `None`.
     pub kv_events: Option<KvEventsSpec>,
+    /// Prefill or decode role, KV link and bootstrap port
+    /// (see [`crate::disaggregation`]).
+    pub disaggregation: DisaggregationSpec,
     /// How long the replica loads before it listens; connections are
     /// refused until then.
     pub load_time: LoadTime,
@@ -121,6 +125,7 @@ impl Default for ReplicaSpec {
             faults: Faults::default(),
             num_gpu_blocks_override: None,
             kv_events: None,
+            disaggregation: DisaggregationSpec::default(),
             load_time: LoadTime::default(),
         }
     }
@@ -171,6 +176,10 @@ impl ReplicaSpec {
             );
         }
         self.faults.validate().map_err(anyhow::Error::msg)?;
+        self.disaggregation
+            .link
+            .validate()
+            .map_err(anyhow::Error::msg)?;
         if let Some(kv_events) = &self.kv_events {
             kv_events.validate(1)?;
         }
@@ -360,6 +369,14 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         started_unix: unix_seconds(),
     };
     let lora_enabled = config.max_loras > 0;
+    let disaggregated = http::Disaggregated {
+        spec: spec.disaggregation,
+        engine_id: format!("sim-{}-{:016x}", addr.port(), rand::random::<u64>()),
+        addr,
+        block_size: config.block_size,
+        tensor_parallel: config.tensor_parallel,
+        time_scale: spec.time_scale,
+    };
     let scheduling_policy = config.scheduling_policy;
     let model_root = config.model.hf_id;
     let max_model_len = config.max_model_len;
@@ -388,6 +405,7 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
         last_metrics: Mutex::new(None),
         stop: stop.clone(),
         drain: Arc::new(Drain::default()),
+        disaggregated,
     });
     for name in &spec.adapters {
         state
@@ -512,6 +530,10 @@ pub struct FleetSpec {
     /// KV events from every replica; fixed ports move up by the replica's
     /// index ([`KvEventsSpec::for_replica`]).
     pub kv_events: Option<KvEventsSpec>,
+    /// Role of replica `i` (prefill, decode); `both` past the list's end.
+    pub roles: Vec<Role>,
+    /// The link decode replicas pull KV over.
+    pub kv_link: KvLink,
     /// As in [`ReplicaSpec::load_time`], for every replica.
     pub load_time: LoadTime,
 }
@@ -535,6 +557,8 @@ impl Default for FleetSpec {
             base_port: None,
             faults: Faults::default(),
             kv_events: None,
+            roles: Vec::new(),
+            kv_link: KvLink::default(),
             load_time: LoadTime::default(),
         }
     }
@@ -561,6 +585,11 @@ impl FleetSpec {
             faults: self.faults.clone(),
             num_gpu_blocks_override: None,
             kv_events: self.kv_events.as_ref().map(|k| k.for_replica(index)),
+            disaggregation: DisaggregationSpec {
+                role: self.roles.get(index).copied().unwrap_or_default(),
+                link: self.kv_link,
+                ..DisaggregationSpec::default()
+            },
             load_time: self.load_time,
         }
     }

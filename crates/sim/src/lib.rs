@@ -16,10 +16,13 @@
 //! - [`tokenizer`]: the deterministic approximate tokenizer prompts go through.
 //! - [`metrics`]: the `/metrics` renderers, one per engine dialect.
 //! - [`faults`]: what can go wrong, and the admin API's request shapes.
+//! - [`disaggregation`]: prefill and decode roles, vLLM's and SGLang's
+//!   hand-offs between them.
 //! - [`kv_cache_events`]: the engine's prefix-cache changes published as
 //!   vLLM's KV events (off unless a replica's spec turns them on).
 
 pub mod cli;
+pub mod disaggregation;
 pub mod engine;
 pub mod faults;
 pub mod fleet;
@@ -32,7 +35,8 @@ mod replica;
 /// the KV-events crate, whose index needs the same token ids).
 pub use kv_events::tokenizer;
 
-pub use engine::SchedulingPolicy;
+pub use disaggregation::{DisaggregationSpec, Role};
+pub use engine::{KvLink, SchedulingPolicy};
 pub use faults::{Faults, FaultsUpdate, MetricsFault};
 pub use fleet::{
     Fleet, FleetSpec, LoadTime, ReplicaHandle, ReplicaInfo, ReplicaSpec, calibrated_load_time,

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::engine::{Engine, EngineEvent, EngineStats, FinishReason, SimRequest};
+use crate::engine::{Engine, EngineEvent, EngineStats, FinishReason, KvLink, SimRequest};
 use crate::kv_cache_events::KvEventSink;
 use crate::metrics::{FinishKind, FinishedTokens, LatencyBuckets, RequestTotals, RequestTracker};
 
@@ -59,11 +59,28 @@ pub struct Generation {
     pub limited_by_max_tokens: bool,
 }
 
+/// Where a request's prompt KV comes from and goes to, in prefill/decode
+/// disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvHandoff {
+    /// Computed here, freed at the end: an ordinary request.
+    Local,
+    /// Pulled over this link from a prefill replica (a decode).
+    Pull(KvLink),
+    /// Computed here and held after the end for a decode to pull (a
+    /// prefill), until [`EngineClient::release_held`].
+    Hold,
+}
+
 enum Command {
     Submit {
         id: u64,
         generation: Generation,
+        handoff: KvHandoff,
         events: mpsc::UnboundedSender<RequestEvent>,
+    },
+    ReleaseHeld {
+        id: u64,
     },
     Abort {
         id: u64,
@@ -124,12 +141,23 @@ impl EngineClient {
     /// Hands a request to the engine. Its events arrive on the returned
     /// handle; dropping the handle before the end aborts the request.
     pub fn submit(&self, generation: Generation) -> Result<RequestHandle, EngineGone> {
+        self.submit_with(generation, KvHandoff::Local)
+    }
+
+    /// [`submit`](Self::submit), with the prompt's KV pulled from a
+    /// prefill replica, or held for a decode replica.
+    pub fn submit_with(
+        &self,
+        generation: Generation,
+        handoff: KvHandoff,
+    ) -> Result<RequestHandle, EngineGone> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events_tx, events) = mpsc::unbounded_channel();
         self.commands
             .send(Command::Submit {
                 id,
                 generation,
+                handoff,
                 events: events_tx,
             })
             .map_err(|_| EngineGone)?;
@@ -153,6 +181,11 @@ impl EngineClient {
         self.send(Command::UnregisterAdapter {
             name: name.to_owned(),
         })
+    }
+
+    /// The KV request `id` held for a decode is free (pulled or expired).
+    pub fn release_held(&self, id: u64) -> Result<(), EngineGone> {
+        self.send(Command::ReleaseHeld { id })
     }
 
     pub fn set_slowdown(&self, factor: f64) -> Result<(), EngineGone> {
@@ -192,6 +225,11 @@ pub struct RequestHandle {
 }
 
 impl RequestHandle {
+    /// The request's id in its engine.
+    pub fn id(&self) -> u64 {
+        self.abort.id
+    }
+
     /// The next event; `None` if the engine stopped.
     pub async fn next(&mut self) -> Option<RequestEvent> {
         let event = self.events.recv().await;
@@ -332,6 +370,7 @@ impl EngineActor {
             Command::Submit {
                 id,
                 generation,
+                handoff,
                 events,
             } => {
                 self.tracker
@@ -350,8 +389,15 @@ impl EngineActor {
                     adapter: generation.adapter,
                     priority: generation.priority,
                 };
-                self.engine.submit(self.now, request);
+                match handoff {
+                    KvHandoff::Local => self.engine.submit(self.now, request),
+                    KvHandoff::Pull(link) => {
+                        self.engine.submit_with_remote_kv(self.now, request, link);
+                    }
+                    KvHandoff::Hold => self.engine.submit_holding_kv(self.now, request),
+                }
             }
+            Command::ReleaseHeld { id } => self.engine.release_held(self.now, id),
             Command::Abort { id } => {
                 if let Some(live) = self.requests.remove(&id) {
                     self.engine.abort(self.now, id);

@@ -9,7 +9,9 @@ use std::time::Duration;
 use picker::{Scorer, Weights};
 use signals::Dialect;
 
+mod address;
 mod continuation;
+mod disaggregation;
 mod global;
 mod names;
 mod prefix_cache;
@@ -23,6 +25,7 @@ pub use security::tenant_name;
 use crate::defaults;
 use crate::problem::{Problem, Problems, Unreadable};
 use crate::schema::{EngineScheduling, InferenceGatewayConfig, Policy, Pool, Telemetry};
+pub use address::is_host_port;
 use names::check_name;
 
 pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec<Problem> {
@@ -195,6 +198,7 @@ pub fn validate(config: &InferenceGatewayConfig, unreadable: &Unreadable) -> Vec
         check_scheduling(&mut p, &path, pool, unreadable);
         prefix_cache::check(&mut p, &format!("{path}.prefixCache"), &pool.prefix_cache);
         continuation::check(&mut p, &path, pool);
+        disaggregation::check(&mut p, &path, pool);
     }
     let every_name_read = !unreadable.covers("spec.pools")
         && (0..spec.pools.len()).all(|i| {
@@ -389,32 +393,18 @@ fn check_engine_priority(p: &mut Problems, path: &str, pool: &Pool) {
 /// Checks of `endpointSelector` and `inferencePool` that need no cluster.
 fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
     if let Some(s) = &pool.endpoint_selector {
-        let sp = format!("{path}.endpointSelector");
-        check_namespace(p, &format!("{sp}.namespace"), &s.namespace);
-        if s.match_labels.is_empty() {
-            p.add(
-                format!("{sp}.matchLabels"),
-                "at least one label is required (an empty selector would take every pod in the namespace)",
-            );
-        }
-        for (key, value) in &s.match_labels {
-            if let Err(e) = check_label(key, value) {
-                p.add(format!("{sp}.matchLabels.{key}"), e);
-            }
-        }
-        match (s.port, &s.port_name) {
-            (Some(_), Some(_)) => p.add(&sp, "give either port or portName, not both"),
-            (None, None) => p.add(&sp, "give the replicas' port: port (a number) or portName"),
-            (Some(0), None) => p.add(format!("{sp}.port"), "must be 1 to 65535"),
-            (None, Some(name)) if name.is_empty() || name.len() > 15 => p.add(
-                format!("{sp}.portName"),
-                format!("{name:?} is not a container port name (1 to 15 characters)"),
-            ),
-            _ => {}
-        }
-        if s.relist_interval == Some(Duration::ZERO) {
-            p.add(format!("{sp}.relistInterval"), "must be greater than 0");
-        }
+        check_selector(p, &format!("{path}.endpointSelector"), s);
+    }
+    let prefill_selector = pool
+        .disaggregation
+        .as_ref()
+        .and_then(|d| d.prefill.endpoint_selector.as_ref());
+    if let Some(s) = prefill_selector {
+        check_selector(
+            p,
+            &format!("{path}.disaggregation.prefill.endpointSelector"),
+            s,
+        );
     }
     if let Some(r) = &pool.inference_pool {
         let rp = format!("{path}.inferencePool");
@@ -434,6 +424,35 @@ fn check_discovery(p: &mut Problems, path: &str, pool: &Pool) {
             format!("{path}.tls"),
             "discovered replicas are reached over plain HTTP; TLS to them is not supported yet",
         );
+    }
+}
+
+/// An `endpointSelector` at `sp`: a pool's, or its prefill group's.
+fn check_selector(p: &mut Problems, sp: &str, s: &crate::schema::EndpointSelector) {
+    check_namespace(p, &format!("{sp}.namespace"), &s.namespace);
+    if s.match_labels.is_empty() {
+        p.add(
+            format!("{sp}.matchLabels"),
+            "at least one label is required (an empty selector would take every pod in the namespace)",
+        );
+    }
+    for (key, value) in &s.match_labels {
+        if let Err(e) = check_label(key, value) {
+            p.add(format!("{sp}.matchLabels.{key}"), e);
+        }
+    }
+    match (s.port, &s.port_name) {
+        (Some(_), Some(_)) => p.add(sp, "give either port or portName, not both"),
+        (None, None) => p.add(sp, "give the replicas' port: port (a number) or portName"),
+        (Some(0), None) => p.add(format!("{sp}.port"), "must be 1 to 65535"),
+        (None, Some(name)) if name.is_empty() || name.len() > 15 => p.add(
+            format!("{sp}.portName"),
+            format!("{name:?} is not a container port name (1 to 15 characters)"),
+        ),
+        _ => {}
+    }
+    if s.relist_interval == Some(Duration::ZERO) {
+        p.add(format!("{sp}.relistInterval"), "must be greater than 0");
     }
 }
 
@@ -536,22 +555,6 @@ fn check_scheduling(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unre
             ),
         );
     }
-}
-
-/// `host:port` with a non-empty host and a numeric port; IPv6 hosts in
-/// brackets.
-pub fn is_host_port(s: &str) -> bool {
-    if s.parse::<std::net::SocketAddr>().is_ok() {
-        return true;
-    }
-    let Some((host, port)) = s.rsplit_once(':') else {
-        return false;
-    };
-    !host.is_empty()
-        && port.parse::<u16>().is_ok()
-        && host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
 }
 
 #[cfg(test)]

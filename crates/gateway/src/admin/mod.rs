@@ -127,6 +127,8 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
             });
             json!({
                 "address": &*e.addr,
+                // A disaggregated pool's own replicas decode.
+                "role": if pool.disaggregation().is_some() { "decode" } else { "both" },
                 "reachable": e.is_reachable(),
                 "health": health.name(),
                 // As /readyz, the metrics and the status count it.
@@ -195,6 +197,16 @@ fn pool_json(pool: &Pool, now: Instant) -> Value {
         },
         "queued": queued,
         "endpoints": endpoints,
+        "disaggregation": pool.disaggregation().map(|d| json!({
+            "protocol": d.protocol().as_str(),
+            "minUncachedTokens": d.min_uncached_tokens(),
+            "prefill": d.replicas().iter().map(|p| json!({
+                "address": &*p.addr,
+                "role": "prefill",
+                "inflightRequests": p.in_flight(),
+                "outstandingTokens": p.outstanding_tokens(),
+            })).collect::<Vec<_>>(),
+        })),
         // Replicas that left the pool (removed, or their pods terminating)
         // and still drain: their requests in flight finish or move.
         "leaving": draining

@@ -180,7 +180,11 @@ impl Runtimes {
         if !self.discovering.contains(pool) {
             return;
         }
-        if let Some(runtime) = self.by_name.get(pool) {
+        if let Some(disaggregated) = config::prefill_group_of(pool) {
+            if let Some(runtime) = self.by_name.get(disaggregated) {
+                runtime.set_prefill_addresses(&discovered.addrs);
+            }
+        } else if let Some(runtime) = self.by_name.get(pool) {
             runtime.set_replicas(
                 &discovered.addrs,
                 &discovered.terminating,
@@ -237,6 +241,17 @@ impl Runtimes {
                     ..Discovered::default()
                 },
             };
+            if let Some(d) = &p.disaggregation {
+                let prefills = match d.prefill_discovery() {
+                    Some(_) => self
+                        .discovered
+                        .get(&config::prefill_group_name(&p.name))
+                        .map(|found| found.addrs.clone())
+                        .unwrap_or_default(),
+                    None => d.prefill.endpoints.clone(),
+                };
+                runtime.set_prefill_addresses(&prefills);
+            }
             runtime.set_engines(found.engines);
             runtime.configure(
                 p,
@@ -261,11 +276,17 @@ impl Runtimes {
         }
         metrics.retain_pools(|name| by_name.contains_key(name));
         self.by_name = by_name;
+        // Pools found in Kubernetes, and prefill groups found there.
         self.discovering = spec
             .pools
             .iter()
             .filter(|p| p.discovery().is_some())
             .map(|p| p.name.clone())
+            .chain(spec.pools.iter().filter_map(|p| {
+                let d = p.disaggregation.as_ref()?;
+                d.prefill_discovery()?;
+                Some(config::prefill_group_name(&p.name))
+            }))
             .collect();
         let discovering = &self.discovering;
         self.discovered.retain(|pool, _| discovering.contains(pool));
@@ -307,6 +328,7 @@ impl Runtimes {
 
 pub mod drain;
 pub mod pool;
+pub mod prefills;
 mod prefix_events;
 pub mod reload;
 pub mod wake;

@@ -16,6 +16,7 @@ use picker::Endpoint;
 use tokio::task::JoinHandle;
 
 use super::drain::{DrainState, Drains, Why};
+use super::prefills::{PrefillReplicas, Prefills, set_prefill_addresses};
 use super::prefix_events::{EventsSource, Subscriptions};
 use crate::error::ApiError;
 use crate::flow::{Admission, OwnedPick};
@@ -45,6 +46,8 @@ pub struct Runtime {
     /// What the replicas' KV-cache events say they hold; empty unless the
     /// pool follows them. Outlives generations, as the caches do.
     prefix_index: Arc<kv_events::index::PoolIndex>,
+    /// A disaggregated pool's prefill replicas, static or discovered.
+    prefill_replicas: PrefillReplicas,
     /// How requests are matched against it, when the pool follows events.
     events: ArcSwapOption<EventsSource>,
     /// Replicas draining: leaving the pool, or drained by hand.
@@ -114,6 +117,7 @@ impl Runtime {
             tls,
             replicas: Mutex::default(),
             prefix_index: kv_events::index::PoolIndex::new(),
+            prefill_replicas: PrefillReplicas::default(),
             events: ArcSwapOption::empty(),
             drains: Arc::new(Drains::new(
                 Arc::from(spec.name.as_str()),
@@ -232,6 +236,11 @@ impl Runtime {
 
     /// The index of the replicas' KV-cache events (empty unless the pool
     /// follows them).
+    /// A disaggregated pool's prefill replicas are now those at `addrs`.
+    pub fn set_prefill_addresses(&self, addrs: &[String]) {
+        set_prefill_addresses(&self.prefill_replicas, addrs);
+    }
+
     pub fn prefix_index(&self) -> &Arc<kv_events::index::PoolIndex> {
         &self.prefix_index
     }
@@ -531,10 +540,16 @@ pub struct Pool {
     /// The replicas schedule by priority: bodies carry the band.
     engine_priority: bool,
     continuation: Continuation,
+    /// The prefill replicas of a disaggregated pool.
+    disaggregation: Option<Arc<Prefills>>,
 }
 
 impl Pool {
     pub fn new(runtime: Arc<Runtime>, metrics: PoolMetrics, spec: &config::Pool) -> Self {
+        let disaggregation = spec
+            .disaggregation
+            .as_ref()
+            .map(|d| Arc::new(Prefills::new(d, Arc::clone(&runtime.prefill_replicas))));
         Self {
             runtime,
             metrics,
@@ -542,7 +557,13 @@ impl Pool {
             max_retries: spec.retry.max_retries() as usize,
             engine_priority: spec.engine_priority(),
             continuation: Continuation::new(&spec.continuation),
+            disaggregation,
         }
+    }
+
+    /// The prefill replicas, for a disaggregated pool.
+    pub fn disaggregation(&self) -> Option<&Arc<Prefills>> {
+        self.disaggregation.as_ref()
     }
 
     /// How answers its replicas fail midway go on.

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::continuation::{self, Cause, Outcome};
+use super::disaggregated;
 use super::response_body::{ProxiedBody, ResponseBody};
 use super::{Outgoing, replica_error};
 use crate::error::{ApiError, DropReason};
@@ -67,13 +68,24 @@ pub fn forward(
     mut record: Box<Record>,
 ) -> impl Future<Output = Response<ResponseBody>> + Send {
     async move {
+        // A disaggregated pool's prefill leg, before (vLLM) or beside
+        // (SGLang) the decode leg this stage sends.
+        let legs = disaggregated::Job {
+            pool: job.pool,
+            worker: job.worker,
+            outgoing: &job.outgoing,
+            prompt_tokens: job.pick.prompt_tokens,
+        };
+        // Only the decode leg's sending reads the split: a continuation or
+        // a resend elsewhere starts from the client's body.
+        let split = Box::pin(disaggregated::split(&legs, &admitted, &mut record)).await;
         let name = job.pool.name();
         let mut tried: Vec<usize> = Vec::new();
         let mut resent = 0;
         loop {
             let sent_at = Instant::now();
             let deadline = sent_at + job.generation.timeouts.first_byte();
-            let again = match send(&job, &admitted, &mut record, deadline).await {
+            let again = match send(&job, split.as_ref(), &admitted, &mut record, deadline).await {
                 Attempt::Answered(mut answer) => {
                     if answer.status.is_success() {
                         record.answering(Arc::clone(&admitted.decision.endpoint), sent_at);
@@ -170,6 +182,7 @@ enum Failure {
 /// until `deadline`.
 async fn send(
     job: &Forward<'_>,
+    split: Option<&disaggregated::Split>,
     admitted: &Admitted,
     record: &mut Record,
     deadline: Instant,
@@ -186,7 +199,9 @@ async fn send(
             "no replica has fresh metrics; picked by least-request");
     }
     let connections = job.pool.runtime().connections(job.worker);
-    let sent = tokio::time::timeout_at(deadline, connections.send(&endpoint.addr, &job.outgoing))
+    let sending =
+        disaggregated::send_decode(connections, &endpoint.addr, &job.outgoing, split, record);
+    let sent = tokio::time::timeout_at(deadline, sending)
         .instrument(stage_span!("forward", endpoint = %endpoint.addr, otel.kind = "client"))
         .await;
     // The replica has the request from here (or may have part of it):

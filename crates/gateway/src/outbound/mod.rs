@@ -5,6 +5,7 @@
 
 pub mod connections;
 pub mod continuation;
+pub mod disaggregated;
 pub mod forward;
 pub mod forwarded;
 pub mod held;

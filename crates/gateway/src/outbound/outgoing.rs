@@ -39,7 +39,24 @@ pub struct Outgoing<'a> {
     pub caller: CallerFields<'a>,
 }
 
-impl Outgoing<'_> {
+impl<'a> Outgoing<'a> {
+    /// The same request with another body (a disaggregated request's legs).
+    pub fn with_body<'b>(&self, body: &'b Bytes) -> Outgoing<'b>
+    where
+        'a: 'b,
+    {
+        Outgoing {
+            method: self.method,
+            uri: self.uri,
+            headers: self.headers,
+            body,
+            request_id: self.request_id,
+            traceparent: self.traceparent,
+            forwarded: self.forwarded,
+            caller: self.caller,
+        }
+    }
+
     fn path(&self) -> &str {
         self.uri
             .path_and_query()

@@ -103,9 +103,69 @@ pub struct Record {
     /// The replicas the answer moved off, each with why and the tokens
     /// the client had by then.
     moves: Vec<Move>,
+    /// The prefill leg of a request to a disaggregated pool.
+    legs: Option<Legs>,
 }
 
 pub use crate::telemetry::decisions::Move;
+
+/// What became of a request to a disaggregated pool: its prefill leg (the
+/// decode leg is the replica the record names as `endpoint`).
+#[derive(Debug)]
+pub struct Legs {
+    /// `vllm` or `sglang`.
+    pub protocol: &'static str,
+    /// `remote` (a prefill replica computed the prompt), `skipped` (the
+    /// decider left a short uncached prompt to the decode replica) or
+    /// `fallback` (the prefill failed: the decode replica did it all).
+    pub outcome: &'static str,
+    /// Prompt tokens the decode replica was not believed to hold.
+    pub uncached_tokens: u64,
+    pub prefill: Option<Arc<str>>,
+    /// How long the prefill leg took, and when it ended; set by SGLang's
+    /// concurrent leg once it answers.
+    pub prefill_time: PrefillTime,
+    /// Prefill replicas that failed before one answered.
+    pub failed_prefills: u32,
+    /// SGLang's concurrent prefill leg, cancelled when the request ends.
+    pub task: Option<crate::generation::prefills::PrefillTask>,
+}
+
+/// A prefill leg's duration and end, once known: written by whichever
+/// task runs the leg, read when the request ends.
+#[derive(Debug, Clone, Default)]
+pub struct PrefillTime(Arc<std::sync::OnceLock<(Duration, Instant)>>);
+
+impl PrefillTime {
+    /// The leg took `took`, ending now.
+    pub fn set(&self, took: Duration) {
+        let _ = self.0.set((took, Instant::now()));
+    }
+
+    pub fn get(&self) -> Option<(Duration, Instant)> {
+        self.0.get().copied()
+    }
+}
+
+impl Legs {
+    pub fn new(protocol: &'static str, outcome: &'static str, uncached_tokens: u64) -> Self {
+        Self {
+            protocol,
+            outcome,
+            uncached_tokens,
+            prefill: None,
+            prefill_time: PrefillTime::default(),
+            failed_prefills: 0,
+            task: None,
+        }
+    }
+
+    /// `prefill` computed the prompt in `took`, ending now.
+    pub fn prefilled(&mut self, prefill: Arc<str>, took: Duration) {
+        self.prefill = Some(prefill);
+        self.prefill_time.set(took);
+    }
+}
 
 impl Record {
     /// A request that arrived at `start`; `trace_id` is the context it
@@ -153,7 +213,32 @@ impl Record {
             slo: None,
             moves: Vec::new(),
             latency: None,
+            legs: None,
         }
+    }
+
+    /// The request went to a disaggregated pool: its prefill leg.
+    pub fn disaggregated(&mut self, legs: Legs) {
+        self.legs = Some(legs);
+    }
+
+    /// The prefill leg failed after the decode leg was sent with its
+    /// hand-off: the decode replica does it all.
+    pub fn prefill_fell_back(&mut self) {
+        if let Some(legs) = &mut self.legs {
+            legs.outcome = "fallback";
+            legs.task = None;
+        }
+    }
+
+    /// Of the time to first token: the prefill leg's, and the decode leg's
+    /// after it (the KV transfer and the first decode step).
+    fn ttft_split(&self) -> Option<(Duration, Duration)> {
+        let (took, ended) = self.legs.as_ref()?.prefill_time.get()?;
+        let decode = self
+            .ttft?
+            .checked_sub(ended.saturating_duration_since(self.start))?;
+        Some((took, decode))
     }
 
     /// Authentication found who the caller is.

@@ -148,6 +148,10 @@ impl Record {
         span.record("infergate.pool", self.pool.as_deref());
         span.record("infergate.endpoint", self.endpoint.as_deref());
         span.record("infergate.retries", self.retries);
+        if let Some(legs) = &self.legs {
+            span.record("infergate.disaggregation", legs.outcome);
+            span.record("infergate.prefill_endpoint", legs.prefill.as_deref());
+        }
         if let Some(error) = &self.error {
             span.record("error.message", error.as_str());
         }
@@ -185,6 +189,11 @@ impl Record {
             decision = self.decision.map(DecisionSummary).map(tracing::field::display),
             prefix_source = self.prefix_source.map(picker::PrefixSource::as_str),
             moved = (!self.moves.is_empty()).then(|| tracing::field::display(Moves(&self.moves))),
+            disaggregation = self.legs.as_ref().map(|l| l.outcome),
+            prefill = self.legs.as_ref().and_then(|l| l.prefill.as_deref()),
+            uncached_tokens = self.legs.as_ref().map(|l| l.uncached_tokens),
+            prefill_ms = self.ttft_split().map(|(prefill, _)| millis(prefill)),
+            decode_ttft_ms = self.ttft_split().map(|(_, decode)| millis(decode)),
             trace_id = self.trace_id.map(TraceId32).map(tracing::field::display),
             error = self.error.as_deref(),
         );
@@ -213,6 +222,9 @@ impl Record {
             trace_id: self.trace_id,
             error: self.error.as_deref(),
             moves: &self.moves,
+            disaggregation: self.legs.as_ref().map(|l| l.outcome),
+            prefill: self.legs.as_ref().and_then(|l| l.prefill.as_ref()),
+            prefill_time: self.ttft_split().map(|(prefill, _)| prefill),
         }
     }
 }

@@ -251,6 +251,9 @@ impl Pending {
             error: ended.error.map(str::to_owned),
             moves: ended.moves.to_vec(),
             picked: self.picked,
+            disaggregation: ended.disaggregation,
+            prefill: ended.prefill.cloned(),
+            prefill_time: ended.prefill_time,
         };
         self.feed.push(entry);
     }
@@ -287,6 +290,11 @@ pub struct Ended<'a> {
     pub error: Option<&'a str>,
     /// The replicas the answer moved off, in order.
     pub moves: &'a [Move],
+    /// For a disaggregated pool: what became of the prefill leg, its
+    /// replica, and how long it took.
+    pub disaggregation: Option<&'static str>,
+    pub prefill: Option<&'a Arc<str>>,
+    pub prefill_time: Option<Duration>,
 }
 
 /// One sampled request, as kept.
@@ -313,6 +321,9 @@ pub struct Entry {
     error: Option<String>,
     moves: Vec<Move>,
     picked: Option<Picked>,
+    disaggregation: Option<&'static str>,
+    prefill: Option<Arc<str>>,
+    prefill_time: Option<Duration>,
 }
 
 fn millis(d: Duration) -> f64 {
@@ -370,6 +381,9 @@ impl Entry {
                 "tokens": m.tokens,
             })).collect::<Vec<_>>(),
             "error": self.error,
+            "disaggregation": self.disaggregation,
+            "prefillEndpoint": self.prefill.as_deref(),
+            "prefillMs": self.prefill_time.map(millis),
         })
     }
 
@@ -432,6 +446,9 @@ mod tests {
             trace_id: Some(1),
             error: None,
             moves: &[],
+            disaggregation: None,
+            prefill: None,
+            prefill_time: None,
         }
     }
 

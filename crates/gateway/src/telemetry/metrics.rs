@@ -157,6 +157,19 @@ struct PolicyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LegLabels {
+    pool: Name,
+    role: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    pool: Name,
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MigrationLabels {
     pool: Name,
     reason: &'static str,
@@ -189,6 +202,8 @@ struct Families {
     picks_by: Family<PolicyLabels, Counter>,
     migrations: Family<MigrationLabels, Counter>,
     migrating: Family<PoolLabels, Gauge>,
+    disaggregation_legs: Family<LegLabels, Counter>,
+    disaggregation_leg_seconds: HistogramFamily<RoleLabels>,
     prefix_unmatched: Family<PrefixUnmatchedLabels, Counter>,
     routing_decisions: Family<EndpointLabels, Counter>,
     scrape_errors: Family<EndpointLabels, Counter>,
@@ -230,6 +245,8 @@ impl Families {
             picks_by: Family::default(),
             migrations: Family::default(),
             migrating: Family::default(),
+            disaggregation_legs: Family::default(),
+            disaggregation_leg_seconds: Family::new_with_constructor(latency_histogram),
             prefix_unmatched: Family::default(),
             routing_decisions: Family::default(),
             scrape_errors: Family::default(),
@@ -337,6 +354,16 @@ impl Families {
             "infergate_migrations",
             "Answers whose replica failed them after they started (reason: broken, stalled, evacuated; or, before the answer started, not_here, a replica that refused what another may serve), by what became of them (continued or resent on another replica, completed, not_continued, failed)",
             f.migrations.clone(),
+        );
+        registry.register(
+            "infergate_disaggregation_legs",
+            "Legs of requests to disaggregated pools by role (prefill, decode) and outcome: for prefill, sent (its KV went to the decode), failed (another prefill or the decode alone took over) or skipped (the decider let the decode prefill a short uncached prompt); for decode, remote (its prompt came from a prefill) or local",
+            f.disaggregation_legs.clone(),
+        );
+        registry.register(
+            "infergate_disaggregation_leg_seconds",
+            "Time of the legs of disaggregated requests by role: prefill, from sending the prefill leg to its answer (queue and prompt computation)",
+            f.disaggregation_leg_seconds.clone(),
         );
         registry.register(
             "infergate_migrating",
@@ -796,6 +823,29 @@ impl PoolMetrics {
                 outcome,
             })
             .inc();
+    }
+
+    /// One leg of a disaggregated request (`role`: prefill or decode).
+    pub fn count_leg(&self, role: &'static str, outcome: &'static str) {
+        self.families
+            .disaggregation_legs
+            .get_or_create(&LegLabels {
+                pool: self.name.clone(),
+                role,
+                outcome,
+            })
+            .inc();
+    }
+
+    /// How long one leg of a disaggregated request took.
+    pub fn observe_leg(&self, role: &'static str, took: std::time::Duration) {
+        self.families
+            .disaggregation_leg_seconds
+            .get_or_create(&RoleLabels {
+                pool: self.name.clone(),
+                role,
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// An answer is being moved to another replica until the guard drops.

@@ -34,6 +34,8 @@ pub fn request_span(
         infergate.pool = tracing::field::Empty,
         infergate.endpoint = tracing::field::Empty,
         infergate.retries = tracing::field::Empty,
+        infergate.disaggregation = tracing::field::Empty,
+        infergate.prefill_endpoint = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
         error.message = tracing::field::Empty,
     )

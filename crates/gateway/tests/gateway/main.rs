@@ -20,6 +20,8 @@
 //! - [`load_summary`]: what the admin listener tells global routers;
 //! - [`endpoint_picker`]: infergate as another proxy's endpoint picker,
 //!   driven by an Envoy stand-in.
+//! - [`disaggregation`]: prefill/decode disaggregation in both engines'
+//!   protocols, its faults and cancellation.
 //!
 //! [`support`] (`tests/support/`, which other test binaries here use too)
 //! holds what they share: fake replicas, configs, clients, and the bounded
@@ -29,6 +31,7 @@
 mod attack;
 mod auth;
 mod continuation;
+mod disaggregation;
 mod drain;
 mod endpoint_picker;
 mod fleet_page;

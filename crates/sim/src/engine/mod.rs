@@ -24,6 +24,7 @@ pub mod calibration;
 mod config;
 mod interface;
 mod kv_cache;
+pub mod kv_transfer;
 mod lora;
 pub mod profiles;
 mod request;
@@ -43,6 +44,7 @@ pub use config::{
 pub use interface::{
     EngineCounters, EngineEvent, EngineStats, FinishReason, KvCacheEvent, SimRequest,
 };
+pub use kv_transfer::KvLink;
 pub use profiles::{
     HardwareProfile, Interconnect, ModelProfile, hardware, hardware_names, model, model_names,
 };

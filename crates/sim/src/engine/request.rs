@@ -12,6 +12,9 @@ pub(crate) enum Phase {
     Free,
     Waiting,
     Running,
+    /// Its prompt's KV is on the way from a prefill replica; it joins the
+    /// waiting queue when the transfer ends.
+    Arriving,
 }
 
 pub(crate) struct Request {
@@ -39,6 +42,11 @@ pub(crate) struct Request {
     pub blocks: Vec<u32>,
     /// Leading blocks already offered to the prefix cache.
     pub registered_blocks: u32,
+    /// The prompt's KV came from a prefill replica: at admission only the
+    /// last prompt token is computed (vLLM's remote prefill).
+    pub remote_kv: bool,
+    /// Its KV outlives it, held for a remote decode to pull.
+    pub hold_kv: bool,
 }
 
 impl Request {
@@ -59,6 +67,8 @@ impl Request {
             block_hashes: Vec::new(),
             blocks: Vec::new(),
             registered_blocks: 0,
+            remote_kv: false,
+            hold_kv: false,
         }
     }
 

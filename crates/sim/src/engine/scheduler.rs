@@ -34,6 +34,7 @@ use super::interface::{
     EngineCounters, EngineEvent, EngineStats, FinishReason, KvCacheEvent, SimRequest,
 };
 use super::kv_cache::{BlockHasher, KvCache};
+use super::kv_transfer::KvLink;
 use super::lora::LoraManager;
 use super::request::{Phase, RequestTable};
 use super::timing::{Roofline, StepLoad};
@@ -112,6 +113,11 @@ pub struct Engine {
     /// Scratch for prefix-cache lookups.
     hits: Vec<u32>,
     counters: Counters,
+    /// Requests whose prompt KV is in transit, by the time it lands
+    /// (ascending); entries of aborted requests go stale.
+    arriving: Vec<(f64, SlotRef)>,
+    /// KV blocks of finished requests held for a remote decode, by id.
+    held: HashMap<u64, Vec<u32>>,
 }
 
 impl Engine {
@@ -144,6 +150,8 @@ impl Engine {
             hasher: BlockHasher::new(),
             hits: Vec::new(),
             counters: Counters::default(),
+            arriving: Vec::new(),
+            held: HashMap::new(),
             cfg,
         }
     }
@@ -215,15 +223,84 @@ impl Engine {
     /// instant share it.
     pub fn submit(&mut self, now: f64, req: SimRequest) {
         let now = self.catch_up(now);
-        if let Err(reason) = self.admissible(&req) {
+        if !self.accept(now, &req) {
+            return;
+        }
+        let slot = self.insert_request(req);
+        self.enqueue(now, slot);
+    }
+
+    /// Accept a request whose prompt was computed by a prefill replica: the
+    /// prompt blocks this engine's prefix cache lacks cross `link` (vLLM's
+    /// NIXL pull, SGLang's transfer), then the request waits for a slot like
+    /// any other, and at admission computes only the last prompt token.
+    /// The blocks being written are not reserved during the transfer (vLLM
+    /// allocates them first), so a full engine admits the request later
+    /// instead of holding memory for it.
+    pub fn submit_with_remote_kv(&mut self, now: f64, req: SimRequest, link: KvLink) {
+        let now = self.catch_up(now);
+        if !self.accept(now, &req) {
+            return;
+        }
+        let slot = self.insert_request(req);
+        let transferred = {
+            let r = self.requests.get(slot);
+            r.prompt_len() - self.local_prefix_tokens(r)
+        };
+        let at = now + link.transfer_seconds(transferred, self.cfg.model.kv_bytes_per_token());
+        let r = self.requests.get_mut(slot);
+        r.phase = Phase::Arriving;
+        r.remote_kv = true;
+        let entry = (at, self.requests.slot_ref(slot));
+        let index = self.arriving.partition_point(|(t, _)| *t <= at);
+        self.arriving.insert(index, entry);
+    }
+
+    /// Accept a request whose KV a remote decode will pull (a prefill
+    /// replica's): when it finishes, its blocks stay in use until
+    /// [`Engine::release_held`], as vLLM's prefill holds them for the
+    /// decode's read.
+    pub fn submit_holding_kv(&mut self, now: f64, req: SimRequest) {
+        let id = req.id;
+        self.submit(now, req);
+        if let Some(&slot) = self.by_id.get(&id) {
+            self.requests.get_mut(slot).hold_kv = true;
+        }
+    }
+
+    /// The KV a finished request held for a remote decode is free: pulled,
+    /// or its hold expired. Unknown ids are ignored.
+    pub fn release_held(&mut self, now: f64, id: u64) {
+        self.catch_up(now);
+        if let Some(mut blocks) = self.held.remove(&id) {
+            self.kv.free(&mut blocks);
+        }
+    }
+
+    /// Prompt tokens of `r` the prefix cache holds now (never the last).
+    fn local_prefix_tokens(&self, r: &super::request::Request) -> u32 {
+        let block_size = self.cfg.block_size;
+        let max_hit_blocks = ((r.prompt_len().max(1) - 1) / block_size) as usize;
+        let hashes = &r.block_hashes[..max_hit_blocks.min(r.block_hashes.len())];
+        self.kv.cached_prefix_len(hashes) as u32 * block_size
+    }
+
+    /// `false` (and a rejection event) when `req` cannot be taken.
+    fn accept(&mut self, now: f64, req: &SimRequest) -> bool {
+        if let Err(reason) = self.admissible(req) {
             self.counters.rejected += 1;
             self.pending.push(EngineEvent::Rejected {
                 id: req.id,
                 at: now,
                 reason,
             });
-            return;
+            return false;
         }
+        true
+    }
+
+    /// A table slot for an accepted request, hashed for the prefix cache.
+    fn insert_request(&mut self, req: SimRequest) -> u32 {
         let adapter = req
             .adapter
             .as_deref()
@@ -246,18 +323,47 @@ impl Engine {
         r.priority = req.priority;
         r.hash_root = hash_root;
         r.registered_blocks = 0;
+        r.remote_kv = false;
+        r.hold_kv = false;
         if self.cfg.enable_prefix_caching {
             let prompt_len = r.prompt_len();
             r.hash_blocks(&mut self.hasher, self.cfg.block_size, prompt_len);
         }
-        let lane = r.lane();
-        let rank = rank(self.cfg.scheduling_policy, r.priority);
         self.next_serial += 1;
         self.by_id.insert(req.id, slot);
+        slot
+    }
+
+    /// Put a waiting request in the queue at `now`; an idle engine starts a
+    /// step then.
+    fn enqueue(&mut self, now: f64, slot: u32) {
+        let r = self.requests.get(slot);
+        let lane = r.lane();
+        let rank = rank(self.cfg.scheduling_policy, r.priority);
         self.waiting
             .push_back(lane, rank, self.requests.slot_ref(slot));
         if self.step_end.is_none() && self.start_at.is_none() {
             self.start_at = Some(now);
+        }
+    }
+
+    /// Move every request whose KV has landed by `until` to the waiting
+    /// queue, but none past the step in flight or the step about to start,
+    /// so an arrival never joins a step that began before it.
+    fn deliver_arrivals(&mut self, until: f64) {
+        while let Some(&(at, slot_ref)) = self.arriving.first() {
+            let bound = self
+                .step_end
+                .or(self.start_at)
+                .map_or(until, |t| t.min(until));
+            if at > bound {
+                break;
+            }
+            self.arriving.remove(0);
+            if self.requests.is(slot_ref, Phase::Arriving) {
+                self.requests.get_mut(slot_ref.slot).phase = Phase::Waiting;
+                self.enqueue(at, slot_ref.slot);
+            }
         }
     }
 
@@ -295,6 +401,8 @@ impl Engine {
                     self.lora.release(a);
                 }
             }
+            // Its entry in `arriving` goes stale with the slot.
+            Phase::Arriving => {}
             Phase::Free => unreachable!("a request in by_id is never free"),
         }
         self.counters.aborted += 1;
@@ -333,6 +441,7 @@ impl Engine {
             .map(EngineEvent::at)
             .chain(self.step_end)
             .chain(self.start_at)
+            .chain(self.arriving.first().map(|&(at, _)| at))
             .reduce(f64::min)
     }
 
@@ -456,6 +565,7 @@ impl Engine {
     /// arriving at the same instant still joins it.
     fn run_until(&mut self, until: f64, out: &mut Vec<EngineEvent>, start_at_until: bool) {
         loop {
+            self.deliver_arrivals(until);
             if let Some(end) = self.step_end {
                 if end > until {
                     break;
@@ -570,15 +680,23 @@ impl Engine {
             let lookup = &r.block_hashes[..max_hit_blocks.min(r.block_hashes.len())];
             let hit_blocks = self.kv.find_cached_prefix(lookup, &mut self.hits);
             let hit_tokens = hit_blocks as u32 * block_size;
-            let new = (num_tokens - hit_tokens).min(budget);
+            // A remote prefill delivered the rest of the prompt's KV.
+            let computed = if r.remote_kv {
+                num_tokens - 1
+            } else {
+                hit_tokens
+            };
+            let new = (num_tokens - computed).min(budget);
             if !self
                 .kv
-                .allocate_with_prefix(&mut r.blocks, &self.hits, hit_tokens + new)
+                .allocate_with_prefix(&mut r.blocks, &self.hits, computed + new)
             {
                 break;
             }
-            r.num_computed = hit_tokens;
+            r.num_computed = computed;
             r.registered_blocks = hit_blocks as u32;
+            // A preempted request recomputes its prompt here, as vLLM does.
+            r.remote_kv = false;
             r.phase = Phase::Running;
             if r.cached_tokens.is_none() {
                 r.cached_tokens = Some(hit_tokens);
@@ -595,11 +713,11 @@ impl Engine {
                 lora_loads += 1;
             }
             self.add_running(slot);
-            self.register_blocks(slot, hit_tokens + new);
+            self.register_blocks(slot, computed + new);
             load.add_chunk(
-                hit_tokens,
+                computed,
                 new,
-                hit_tokens + new >= num_tokens,
+                computed + new >= num_tokens,
                 adapter.is_some(),
             );
             self.batch.push(Scheduled {
@@ -791,7 +909,11 @@ impl Engine {
                 cached_tokens,
                 reason: FinishReason::Length,
             });
-            self.kv.free(&mut r.blocks);
+            if r.hold_kv {
+                self.held.insert(r.id, std::mem::take(&mut r.blocks));
+            } else {
+                self.kv.free(&mut r.blocks);
+            }
             let (id, adapter) = (r.id, r.adapter);
             if let Some(a) = adapter {
                 self.lora.release(a);

@@ -802,3 +802,72 @@ fn running_requests_are_kept_in_priority_order() {
     assert!(done[3] < done[0], "{done:?}");
     assert!(done[2] < done[0], "{done:?}");
 }
+
+#[test]
+fn a_remote_prefill_replaces_the_prompt_computation_by_the_transfer() {
+    let prompt = synthetic_prompt(7, 8000);
+    let mut local = Engine::new(config("h100", "llama-3.1-8b"));
+    local.submit(0.0, request(1, prompt.clone(), 4));
+    let local_events = drain(&mut local, |_| {});
+    let local_ttft = first_token_at(&local_events, 1);
+
+    let link = KvLink {
+        bandwidth_bytes: 50e9,
+        latency_seconds: 1e-3,
+    };
+    let mut remote = Engine::new(config("h100", "llama-3.1-8b"));
+    remote.submit_with_remote_kv(0.0, request(1, prompt.clone(), 4), link);
+    assert_eq!(remote.stats().waiting, 0, "still in transit");
+    let transfer = link.transfer_seconds(8000, remote.config().model.kv_bytes_per_token());
+    assert_eq!(remote.next_event_at(), Some(transfer));
+    let events = drain(&mut remote, |_| {});
+    let ttft = first_token_at(&events, 1);
+    // One decode-sized step after the transfer, far below a local prefill
+    // of 8,000 tokens.
+    assert!(ttft > transfer, "{ttft} after the transfer {transfer}");
+    assert!(ttft < transfer + 0.05, "{ttft}");
+    assert!(local_ttft > ttft, "local {local_ttft} vs remote {ttft}");
+    assert_eq!(finished(&events, 1).1, 4);
+
+    // The transferred blocks are in this engine's prefix cache now: the
+    // same prompt again moves only the last partial block.
+    remote.submit_with_remote_kv(10.0, request(2, prompt, 4), link);
+    let block = remote.config().block_size;
+    let again = link.transfer_seconds(
+        8000 % block + block * u32::from(8000 % block == 0),
+        remote.config().model.kv_bytes_per_token(),
+    );
+    assert!((remote.next_event_at().unwrap() - (10.0 + again)).abs() < 1e-9);
+}
+
+#[test]
+fn a_request_aborted_during_its_transfer_never_runs() {
+    let mut engine = Engine::new(config("h100", "llama-3.1-8b"));
+    engine.submit_with_remote_kv(
+        0.0,
+        request(1, synthetic_prompt(1, 4000), 4),
+        KvLink::default(),
+    );
+    engine.abort(0.001, 1);
+    let events = drain(&mut engine, |_| {});
+    assert!(matches!(finished(&events, 1).3, FinishReason::Aborted));
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, EngineEvent::FirstToken { .. }))
+    );
+    assert_eq!(engine.counters().steps_total, 0);
+}
+
+#[test]
+fn a_prefill_holds_its_kv_until_the_decode_pulls_it() {
+    let mut engine = Engine::new(config("h100", "llama-3.1-8b"));
+    engine.submit_holding_kv(0.0, request(1, synthetic_prompt(1, 4000), 1));
+    let events = drain(&mut engine, |_| {});
+    assert_eq!(finished(&events, 1).1, 1);
+    let held = engine.stats().kv_usage;
+    assert!(held > 0.0, "the finished prefill's blocks stay in use");
+    engine.release_held(1.0, 1);
+    assert_eq!(engine.stats().kv_usage, 0.0);
+    engine.release_held(2.0, 1);
+}

@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 
 use super::body::{ApiError, ResponseBody, json, read_body};
 use super::connection::Kill;
+use super::disaggregated::{Leg, RoomGuard};
 use super::generate::{self, EventStream, Prompt, Started, StreamWriter};
 use super::openai::{
     ChatCompletionRequest, ChunkIds, CompletionRequest, DONE_EVENT, Endpoint, ResponseHeader,
@@ -23,8 +24,9 @@ use super::openai::{
 };
 use super::output::{Filler, OutputPlan};
 use super::state::AppState;
+use crate::disaggregation::Release;
 use crate::metrics::Dialect;
-use crate::replica::RequestEvent;
+use crate::replica::{KvHandoff, RequestEvent};
 
 /// What both endpoints reduce a request to.
 struct Parsed {
@@ -55,11 +57,55 @@ async fn generate(
 ) -> Result<Response<ResponseBody>, ApiError> {
     generate::faults(&state).await?;
     let bytes = read_body(body).await?;
-    let parsed = parse(&bytes, endpoint, &state)?;
+    let leg = Leg::of(&bytes, &state.disaggregated)?;
+    let mut parsed = parse(&bytes, endpoint, &state)?;
+    let prompt_tokens = parsed.prompt.tokens.len() as u32;
+    let side = &state.disaggregated;
+    // A disaggregated leg: what this replica computes, and what it hands on.
+    let mut handoff = KvHandoff::Local;
+    let mut hold_for_decode = false;
+    let mut room = None;
+    match &leg {
+        Leg::Whole => {}
+        // A streamed prefill leg is answered as any request.
+        Leg::VllmPrefill if parsed.stream => {}
+        Leg::VllmPrefill => {
+            hold_for_decode = true;
+            handoff = KvHandoff::Hold;
+        }
+        Leg::VllmDecode {
+            engine_id,
+            first_block,
+        } => {
+            if let Some(link) = side.pull_held(engine_id, *first_block, prompt_tokens) {
+                handoff = KvHandoff::Pull(link);
+            }
+        }
+        Leg::SglangPrefill { room: paired } => {
+            // The prefill server computes the prompt and its first token
+            // only; its own answer is that one token, whole.
+            parsed.prompt.max_tokens = Some(1);
+            parsed.stream = false;
+            room = Some(*paired);
+            handoff = KvHandoff::Hold;
+        }
+        Leg::SglangDecode {
+            room: paired,
+            bootstrap,
+        } => {
+            let link = side.wait_room(*paired, bootstrap, prompt_tokens).await?;
+            handoff = KvHandoff::Pull(link);
+        }
+    }
+    let room = RoomGuard::new(side, room);
     let prompt_ids = parsed
         .return_token_ids
         .then(|| parsed.prompt.tokens.clone());
-    let mut started = generate::start(&state, parsed.prompt, kill)?;
+    let mut started = generate::start_with(&state, parsed.prompt, kill, handoff)?;
+    let held = (handoff == KvHandoff::Hold).then(|| Release {
+        engine: state.engine.clone(),
+        id: started.request.id(),
+    });
     let header = ResponseHeader::new(endpoint, started.model.clone());
 
     if parsed.stream {
@@ -77,17 +123,31 @@ async fn generate(
         let writer = ChunkWriter::new(header, plan, prompt_tokens, usage, prompt_ids);
         return Ok(EventStream::new(request, writer, Vec::new(), strike).into_response());
     }
-    let (finished, text) = generate::answer(&mut started).await?;
+    let (finished, text) = match generate::answer(&mut started).await {
+        Ok(answer) => answer,
+        Err(error) => {
+            // Nobody will pull what it held.
+            if let Some(held) = held {
+                held.release();
+            }
+            return Err(error);
+        }
+    };
     let tokens = finished.tokens;
     let usage = Usage::new(tokens.prompt, tokens.completion, tokens.cached);
     let answer_ids = prompt_ids
         .as_ref()
         .map(|_| started.plan.filler().ids(tokens.completion));
     let ids = prompt_ids.as_deref().zip(answer_ids.as_deref());
-    Ok(json(
-        StatusCode::OK,
-        &header.response_with_ids(&text, finished.finish.as_str(), usage, ids),
-    ))
+    let mut response = header.response_with_ids(&text, finished.finish.as_str(), usage, ids);
+    if let Some(held) = held {
+        if hold_for_decode {
+            response["kv_transfer_params"] = side.hold_for_remote_decode(tokens.prompt, held);
+        } else {
+            room.complete(tokens.prompt, held);
+        }
+    }
+    Ok(json(StatusCode::OK, &response))
 }
 
 fn parse(bytes: &[u8], endpoint: Endpoint, state: &AppState) -> Result<Parsed, ApiError> {

@@ -21,7 +21,7 @@ use super::state::AppState;
 use crate::engine::SchedulingPolicy;
 use crate::faults::{TokenFault, TokenFaultKind};
 use crate::metrics::{FinishKind, FinishedTokens};
-use crate::replica::{Generation, RequestEvent, RequestHandle};
+use crate::replica::{Generation, KvHandoff, RequestEvent, RequestHandle};
 
 /// The faults that strike before a request is even read: `hang` (accepted,
 /// never answered, nothing reaches the engine) and `error_rate`.
@@ -75,6 +75,17 @@ pub(super) fn start(
     prompt: Prompt,
     kill: Arc<Kill>,
 ) -> Result<Started, ApiError> {
+    start_with(state, prompt, kill, KvHandoff::Local)
+}
+
+/// [`start`], with the prompt's KV pulled from a prefill replica (a
+/// disaggregated decode) or held for a decode (a prefill).
+pub(super) fn start_with(
+    state: &AppState,
+    prompt: Prompt,
+    kill: Arc<Kill>,
+    handoff: KvHandoff,
+) -> Result<Started, ApiError> {
     let (model, adapter) = state.resolve_model(prompt.model.as_deref())?;
     // vLLM refuses a priority its scheduler would ignore.
     if prompt.priority != 0 && state.scheduling_policy != SchedulingPolicy::Priority {
@@ -98,16 +109,17 @@ pub(super) fn start(
     )
     .map_err(ApiError::bad_request)?;
     let prompt_tokens = prompt.tokens.len() as u32;
-    let request = submit(
-        state,
-        Generation {
-            prompt: prompt.tokens,
-            max_tokens: plan.max_tokens,
-            adapter,
-            priority: prompt.priority,
-            limited_by_max_tokens: plan.limited_by_max_tokens,
-        },
-    )?;
+    let generation = Generation {
+        prompt: prompt.tokens,
+        max_tokens: plan.max_tokens,
+        adapter,
+        priority: prompt.priority,
+        limited_by_max_tokens: plan.limited_by_max_tokens,
+    };
+    let request = state
+        .engine
+        .submit_with(generation, handoff)
+        .map_err(|_| engine_gone())?;
     let strike = state
         .faults
         .current()
@@ -124,13 +136,15 @@ pub(super) fn start(
 
 /// Hands a generation to the engine; 503 when the engine has stopped.
 pub(super) fn submit(state: &AppState, generation: Generation) -> Result<RequestHandle, ApiError> {
-    state.engine.submit(generation).map_err(|_| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ServiceUnavailable",
-            "The engine has stopped.",
-        )
-    })
+    state.engine.submit(generation).map_err(|_| engine_gone())
+}
+
+fn engine_gone() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailable",
+        "The engine has stopped.",
+    )
 }
 
 /// How a request ended in the engine.

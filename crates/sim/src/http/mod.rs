@@ -20,6 +20,7 @@ mod admin;
 mod body;
 mod completions;
 mod connection;
+mod disaggregated;
 mod embeddings;
 mod generate;
 mod models;
@@ -45,6 +46,7 @@ use tokio::task::JoinSet;
 pub(crate) use admin::apply_faults;
 use body::ResponseBody;
 use connection::{Kill, Watched};
+pub(crate) use disaggregated::Disaggregated;
 use openai::Endpoint;
 pub(crate) use state::{AppState, Drain, StopMode, StopSignal};
 

@@ -139,6 +139,8 @@ pub(crate) struct AppState {
     pub last_metrics: Mutex<Option<Bytes>>,
     pub stop: Arc<StopSignal>,
     pub drain: Arc<Drain>,
+    /// Its role in prefill/decode disaggregation.
+    pub disaggregated: super::Disaggregated,
 }
 
 impl AppState {

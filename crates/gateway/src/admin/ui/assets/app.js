@@ -247,15 +247,18 @@ function poolView(name) {
   const body = el("tbody");
   const table = el("table", { class: "grid replicas" }, el("thead", {}, headRow), body);
   const outcome = el("div", { class: "outcome" });
+  // A disaggregated pool's prefill replicas (its table's are its decode replicas).
+  const prefill = el("div", { class: "outcome hidden", data: { role: "prefill" } });
   const node = el(
     "section",
     { class: "card pool", data: { pool: name }, "aria-label": `pool ${name}` },
     el("div", { class: "card-head" }, title, engine, policy, weights),
     el("div", { class: "stats" }, Object.values(stats).map((s) => s.node)),
     el("div", { class: "scroll" }, table),
+    prefill,
     outcome,
   );
-  const v = { name, node, engine, policy, weights, stats, headRow, body, outcome, rows: new Map(), sort: null, heads: new Map(), scored: null };
+  const v = { name, node, engine, policy, weights, stats, headRow, body, outcome, prefill, rows: new Map(), sort: null, heads: new Map(), scored: null };
   for (const col of COLUMNS) {
     const th = el("th", { class: col.num ? "num" : null, title: col.title, data: { col: col.key } });
     if (col.sort) {
@@ -313,14 +316,19 @@ function replicaRow(address) {
     cells[col.key] = el("td", { class: col.num ? "num" : null, data: { col: col.key } });
     node.append(cells[col.key]);
   }
-  cells.address.append(el("span", { class: "addr" }, address));
+  const role = el("span", { class: "tag hidden", data: { role: "" } });
+  cells.address.append(el("span", { class: "addr" }, address), " ", role);
   const err = el("div", { class: "err" });
-  return { node, cells, err, history: { kv: [], waiting: [] }, order: 0, data: null };
+  return { node, cells, err, role, history: { kv: [], waiting: [] }, order: 0, data: null };
 }
 
 function updateRow(row, e, pool) {
   row.data = e;
   const c = row.cells;
+  // Only disaggregated pools have roles worth showing.
+  setText(row.role, e.role || "");
+  row.role.dataset.role = e.role || "";
+  row.role.classList.toggle("hidden", !e.role || e.role === "both");
   const health = healthOf(e);
   row.node.className = `replica ${troubleOf(health)}`.trim();
   row.node.dataset.health = health;
@@ -384,6 +392,19 @@ function updatePool(v, pool) {
       el("span", { class: "w", title: `weight of the ${SCORER_LABEL[k]} scorer` }, el("span", { class: "swatch", data: { scorer: k } }), SCORER_LABEL[k], " ", el("b", {}, String(pool.weights[k]))),
     ),
   );
+
+  const d = pool.disaggregation;
+  v.prefill.classList.toggle("hidden", !d);
+  if (d) {
+    replace(
+      v.prefill,
+      el("span", { class: "tag" }, `${d.protocol} disaggregation`),
+      ` decider: prefill remotely from ${fmtCount(d.minUncachedTokens)} uncached tokens · prefill replicas: `,
+      d.prefill.map((p) =>
+        el("span", { class: "chip", title: `${p.inflightRequests} prefill legs in flight` }, `${p.address} · ${fmtCount(p.outstandingTokens)} tokens outstanding`),
+      ),
+    );
+  }
 
   // Replicas: keep each row (and its history) by address.
   const seen = new Set();
