@@ -185,17 +185,19 @@ def png_size(path):
 
 def test_the_replica_table_lists_the_demo_replicas(own_gateway, page):
     want = {pool: sorted(addrs) for pool, addrs in own_gateway.pools.items()}
-    assert set(want) == {"llama-8b", "qwen-32b"}
+    # llama-70b starts cold: its replica loads for 45 s, listed meanwhile.
+    assert set(want) == {"llama-8b", "qwen-32b", "llama-70b"}
+    warm = ("llama-8b", "qwen-32b")
 
     def filled():
         shown = replicas(page)
         listed = {pool: sorted(r["address"] for r in rows) for pool, rows in shown.items()}
-        fresh = all(r["health"] == "fresh" and r["kv"].endswith("%") for rows in shown.values() for r in rows)
+        fresh = all(r["health"] == "fresh" and r["kv"].endswith("%") for pool in warm for r in shown.get(pool, []))
         return listed == want and fresh and shown
 
-    shown = until(page, f"every replica of {want} listed and fresh", filled)
-    for rows in shown.values():
-        for r in rows:
+    shown = until(page, f"every replica of {want} listed, the warm ones fresh", filled)
+    for pool in warm:
+        for r in shown[pool]:
             assert r["badge"] == "fresh"
             assert "trouble" not in r["classes"]
             assert r["score"][:4].replace(".", "").isdigit(), r  # e.g. "0.93"
