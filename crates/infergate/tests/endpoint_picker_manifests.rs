@@ -5,6 +5,9 @@
 //! picker's gRPC port (as h2c), the probes at the gRPC health services,
 //! the config's pool at the InferencePool, the HTTPRoute at the pool.
 
+#[path = "support/yaml.rs"]
+mod yaml;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -12,24 +15,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use yaml::yaml_documents;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes/endpoint-picker")
-}
-
-fn yaml_documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| {
-            let value = serde_yaml_ng::Value::deserialize(d)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            serde_json::to_value(value).unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 /// Every document of every file the kustomization lists.

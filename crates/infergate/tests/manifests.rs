@@ -3,6 +3,9 @@
 //! grant exactly the calls the code makes, and the probes point at the
 //! admin listener's real paths and port.
 
+#[path = "support/yaml.rs"]
+mod yaml;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -14,6 +17,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use yaml::yaml_documents;
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
@@ -88,20 +92,6 @@ impl Manifests {
         std::fs::read_to_string(deploy_dir().join("config.yaml")).unwrap()
     }
 }
-
-fn yaml_documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| {
-            let value = serde_yaml_ng::Value::deserialize(d)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            serde_json::to_value(value).unwrap()
-        })
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-use serde::Deserialize;
 
 #[test]
 fn every_document_parses_into_its_type() {

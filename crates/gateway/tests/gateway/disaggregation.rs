@@ -88,27 +88,10 @@ fn streamed_tokens(text: &str) -> usize {
         .count()
 }
 
-/// The sum of a simulated replica's `metric` samples whose labels contain
-/// `label` (vLLM's `/metrics`).
-async fn replica_metric(replica: &sim::ReplicaHandle, metric: &str, label: &str) -> f64 {
-    let text = client()
-        .get(format!("http://{}/metrics", replica.local_addr()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Prompt tokens the replica's engine has computed or taken (prefills
 /// and remote prefills alike count the prompt once it produced a token).
 async fn requests_done(replica: &sim::ReplicaHandle) -> f64 {
-    replica_metric(replica, "vllm:request_success_total", "").await
+    sim_metric(replica, "vllm:request_success_total", "").await
 }
 
 #[tokio::test]
@@ -365,7 +348,7 @@ async fn sglang_a_failed_prefill_cancels_the_decode_leg_which_goes_again_alone()
     // generated anything: one answer, generated once.
     assert_eq!(requests_done(&decode).await, 1.0);
     assert_eq!(
-        replica_metric(&decode, "vllm:request_success_total", "abort").await,
+        sim_metric(&decode, "vllm:request_success_total", "abort").await,
         0.0
     );
 }
@@ -377,14 +360,14 @@ async fn a_client_that_goes_away_cancels_both_legs() {
     let decode = replica(sim::Role::Decode, 0.2, sim::Faults::default()).await;
     for protocol in ["vllm", "sglang"] {
         let gw = gateway(&[addr(&decode)], &[addr(&prefill)], protocol, "").await;
-        let before = replica_metric(&prefill, "vllm:request_success_total", "abort").await;
+        let before = sim_metric(&prefill, "vllm:request_success_total", "abort").await;
         let sent = tokio::spawn({
             let url = format!("http://{}{CHAT}", gw.addr());
             let body = chat_body(&long_prompt(), true);
             async move { client().post(url).json(&body).send().await }
         });
         poll_until(Duration::from_secs(10), "the prefill running", || async {
-            let running = replica_metric(&prefill, "vllm:num_requests_running", "").await;
+            let running = sim_metric(&prefill, "vllm:num_requests_running", "").await;
             if running > 0.0 {
                 Ok(())
             } else {
@@ -394,7 +377,7 @@ async fn a_client_that_goes_away_cancels_both_legs() {
         .await;
         sent.abort();
         poll_until(Duration::from_secs(10), "the prefill aborted", || async {
-            let aborted = replica_metric(&prefill, "vllm:request_success_total", "abort").await;
+            let aborted = sim_metric(&prefill, "vllm:request_success_total", "abort").await;
             if aborted > before {
                 Ok(())
             } else {
@@ -403,8 +386,8 @@ async fn a_client_that_goes_away_cancels_both_legs() {
         })
         .await;
         poll_until(Duration::from_secs(10), "nothing left running", || async {
-            let running = replica_metric(&prefill, "vllm:num_requests_running", "").await
-                + replica_metric(&decode, "vllm:num_requests_running", "").await;
+            let running = sim_metric(&prefill, "vllm:num_requests_running", "").await
+                + sim_metric(&decode, "vllm:num_requests_running", "").await;
             if running == 0.0 {
                 Ok(())
             } else {
@@ -413,7 +396,7 @@ async fn a_client_that_goes_away_cancels_both_legs() {
         })
         .await;
         assert_eq!(
-            replica_metric(&decode, "vllm:request_success_total", "length").await,
+            sim_metric(&decode, "vllm:request_success_total", "length").await,
             0.0,
             "{protocol}: the decode generated nothing"
         );

@@ -37,7 +37,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::support::{
-    Behaviour, CHAT, FakeReplica, client, closed_port, config, debug_pools, poll_until, within,
+    Behaviour, CHAT, FakeReplica, client, closed_port, config, debug_pools, poll_until, sim_metric,
+    within,
 };
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -1071,18 +1072,7 @@ async fn the_objective_header_chooses_the_band() {
 
 /// The simulator's generated tokens on `replica`.
 async fn generated(replica: &sim::ReplicaHandle) -> f64 {
-    let text = client()
-        .get(format!("http://{}/metrics", replica.local_addr()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("vllm:generation_tokens_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    sim_metric(replica, "vllm:generation_tokens_total", "").await
 }
 
 /// Against simulated vLLM replicas scored on their metrics, in both body

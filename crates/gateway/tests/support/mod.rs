@@ -433,6 +433,27 @@ pub async fn admin_get(gw: &Gateway, path: &str) -> String {
         .unwrap()
 }
 
+/// The sum of a simulated replica's `metric` samples whose labels contain
+/// `label` (an empty `label`: every sample of the metric).
+pub async fn sim_metric(replica: &sim::ReplicaHandle, metric: &str, label: &str) -> f64 {
+    let text = client()
+        .get(format!("http://{}/metrics", replica.local_addr()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                && l.contains(label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The value of the sample `name{labels}` (labels as written, in order).
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
