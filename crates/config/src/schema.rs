@@ -1002,6 +1002,12 @@ pub struct Simulated {
     /// about 90 s for an 8B model). Default: it listens at once.
     #[serde(default)]
     pub load_time: Option<String>,
+    /// Start scaled to zero: the replicas start (and load) only when a
+    /// request finds the pool cold, woken through the fleet's own wake
+    /// endpoint, which `infergate serve` makes the pool's
+    /// `coldStart.wake.webhook`.
+    #[serde(default)]
+    pub start_at_zero: bool,
 }
 
 /// How an engine orders the requests it holds: vLLM's

@@ -607,3 +607,28 @@ fn simulated_replicas_schedule_by_priority_when_the_gateway_sends_it() {
         minimal("    - {name: p, models: [m], endpoints: [\"a:1\"], enginePriority: true}\n");
     assert_eq!(scheduling(&real), None);
 }
+
+/// A simulated pool's load time is a duration or `calibrated`; one that
+/// starts at zero is woken by its own fleet and needs its requests to wait.
+#[test]
+fn a_simulated_pool_loads_and_starts_at_zero_consistently() {
+    let pool = |simulated: &str, pool: &str| {
+        minimal(&format!(
+            "    - {{name: p, models: [m], simulated: {{replicas: 1, hardware: [h100], model: llama-3.1-8b{simulated}}}{pool}}}\n"
+        ))
+    };
+    from_yaml(&pool(", loadTime: calibrated, startAtZero: true", "")).unwrap();
+    from_yaml(&pool(", loadTime: 45s", "")).unwrap();
+    let found = problems(&pool(", loadTime: soon", "")).join("\n");
+    assert!(found.contains("simulated.loadTime"), "{found}");
+    let found = problems(&pool(
+        ", startAtZero: true",
+        ", coldStart: {timeout: 0s, wake: {webhook: \"http://a/\"}}",
+    ))
+    .join("\n");
+    assert!(
+        found.contains("coldStart.wake: a simulated pool that starts at zero"),
+        "{found}"
+    );
+    assert!(found.contains("coldStart.timeout"), "{found}");
+}

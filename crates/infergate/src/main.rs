@@ -381,7 +381,16 @@ fn print_demo_banner(gateway: &gateway::Gateway, config: &config::InferenceGatew
         println!("  pool {pool}: {}", endpoints.join(", "));
     }
     for pool in &config.spec.pools {
-        if let Some(load) = pool.simulated.as_ref().and_then(|s| s.load_time.as_deref()) {
+        let Some(simulated) = &pool.simulated else {
+            continue;
+        };
+        let load = simulated.load_time.as_deref().unwrap_or("0s");
+        if simulated.start_at_zero {
+            println!(
+                "  pool {} starts at zero: its first request wakes it, its replicas load for {load}, its requests wait meanwhile",
+                pool.name
+            );
+        } else if simulated.load_time.is_some() {
             println!(
                 "  pool {} starts cold: its replicas load for {load}; its requests wait meanwhile",
                 pool.name

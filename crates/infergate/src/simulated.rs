@@ -74,6 +74,14 @@ impl Fleets {
                 Planned::Started(r) => &r.fleet,
             };
             pool.endpoints = fleet.addrs().iter().map(ToString::to_string).collect();
+            // A fleet that starts at zero is woken by the gateway's first
+            // request that finds it cold.
+            if let Some(url) = fleet.wake_url() {
+                pool.cold_start.wake = Some(config::Wake {
+                    webhook: Some(url),
+                    ..config::Wake::default()
+                });
+            }
             // Every replica publishes on ports of its own.
             for replica in fleet.replicas() {
                 let info = replica.info();
@@ -156,6 +164,7 @@ fn fleet_spec(
             .as_deref()
             .and_then(|t| t.parse().ok())
             .unwrap_or_default(),
+        start_asleep: spec.start_at_zero,
         ..sim::FleetSpec::default()
     }
 }

@@ -617,13 +617,14 @@ fn serve_without_a_kubernetes_api_says_so() {
     );
 }
 
-/// A simulated pool whose replica loads for a while starts cold: a
-/// request sent at once waits for it (rather than a 503) and is answered
-/// once the replica listens.
+/// A simulated pool that starts at zero: its first request wakes its
+/// replica (the fleet's wake endpoint as the pool's wake webhook), waits
+/// for it to load rather than getting a 503, and is answered once the
+/// replica listens.
 #[test]
-fn a_simulated_pool_that_loads_holds_its_first_request_until_ready() {
+fn a_simulated_pool_at_zero_is_woken_by_its_first_request() {
     let file = write_config(
-        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n  pools:\n    - {name: p, models: [m], simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b, timeScale: 20, loadTime: 40s}}\n",
+        "apiVersion: infergate.dev/v1alpha1\nkind: InferenceGatewayConfig\nspec:\n  listeners: [{name: public, address: \"127.0.0.1:0\"}]\n  pools:\n    - {name: p, models: [m], simulated: {replicas: 1, hardware: [h100], model: llama-3.1-8b, timeScale: 20, loadTime: 40s, startAtZero: true}}\n",
     );
     let served = Served::start(file.path());
     let started = std::time::Instant::now();
@@ -632,7 +633,8 @@ fn a_simulated_pool_that_loads_holds_its_first_request_until_ready() {
         r#"{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}"#,
     );
     assert_eq!(resp["object"], "chat.completion", "{resp}");
-    // 40 s of simulated load at 20× is 2 s; the request waited for it.
+    // Woken by the request, then 40 s of simulated load at 20×: 2 s.
+    served.wait_for("replica woken");
     served.wait_for("replica loaded its model");
     assert!(
         started.elapsed() >= std::time::Duration::from_millis(1500),

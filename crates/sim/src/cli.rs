@@ -195,6 +195,7 @@ impl SimArgs {
             roles: self.roles.clone(),
             kv_link: self.kv_link,
             load_time: self.load_time,
+            start_asleep: false,
         }
     }
 }

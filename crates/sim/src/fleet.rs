@@ -66,6 +66,10 @@ pub struct ReplicaSpec {
     /// How long the replica loads before it listens; connections are
     /// refused until then.
     pub load_time: LoadTime,
+    /// Scaled to zero: the replica starts loading only once this turns
+    /// true (its fleet's wake endpoint, [`Fleet::wake_url`]), refusing
+    /// connections until loaded.
+    pub asleep: Option<watch::Receiver<bool>>,
 }
 
 /// Engine time from a replica's start until it listens: its weights
@@ -127,6 +131,7 @@ impl Default for ReplicaSpec {
             kv_events: None,
             disaggregation: DisaggregationSpec::default(),
             load_time: LoadTime::default(),
+            asleep: None,
         }
     }
 }
@@ -417,18 +422,27 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     let handle_state = state.clone();
     // Without a load time it listens before this returns, so a client may
     // connect at once.
-    let start = if load_wall.is_zero() {
-        Start::Listening(socket.listen(LISTEN_BACKLOG)?)
-    } else {
-        Start::Loading(socket)
+    let start = match spec.asleep {
+        None if load_wall.is_zero() => Start::Listening(socket.listen(LISTEN_BACKLOG)?),
+        asleep => Start::Loading(socket, asleep),
     };
     tokio::spawn(async move {
         let listener = match start {
             Start::Listening(listener) => Ok(listener),
-            Start::Loading(socket) => {
+            Start::Loading(socket, asleep) => {
                 let mut stop = state.stop.subscribe();
+                let woken = async {
+                    if let Some(mut asleep) = asleep {
+                        // A fleet dropped while asleep never wakes it.
+                        if asleep.wait_for(|woken| *woken).await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                        tracing::info!(%addr, "replica woken: loading its model");
+                    }
+                    tokio::time::sleep(load_wall).await;
+                };
                 tokio::select! {
-                    () = tokio::time::sleep(load_wall) => {
+                    () = woken => {
                         tracing::info!(%addr, "replica loaded its model and listens");
                         socket.listen(LISTEN_BACKLOG)
                     }
@@ -462,10 +476,11 @@ pub async fn start_replica(addr: SocketAddr, spec: ReplicaSpec) -> anyhow::Resul
     })
 }
 
-/// How a replica's server starts: listening at once, or once loaded.
+/// How a replica's server starts: listening at once, or once loaded
+/// (woken first, when it is asleep).
 enum Start {
     Listening(tokio::net::TcpListener),
-    Loading(TcpSocket),
+    Loading(TcpSocket, Option<watch::Receiver<bool>>),
 }
 
 /// Pending connections a replica's listener holds.
@@ -536,6 +551,9 @@ pub struct FleetSpec {
     pub kv_link: KvLink,
     /// As in [`ReplicaSpec::load_time`], for every replica.
     pub load_time: LoadTime,
+    /// Start scaled to zero: every replica asleep until the fleet's wake
+    /// endpoint is called ([`Fleet::wake_url`]).
+    pub start_asleep: bool,
 }
 
 impl Default for FleetSpec {
@@ -560,6 +578,7 @@ impl Default for FleetSpec {
             roles: Vec::new(),
             kv_link: KvLink::default(),
             load_time: LoadTime::default(),
+            start_asleep: false,
         }
     }
 }
@@ -591,6 +610,7 @@ impl FleetSpec {
                 ..DisaggregationSpec::default()
             },
             load_time: self.load_time,
+            asleep: None,
         }
     }
 
@@ -644,9 +664,72 @@ impl FleetSpec {
 #[derive(Debug)]
 pub struct Fleet {
     replicas: Vec<ReplicaHandle>,
+    /// A fleet started asleep: its wake endpoint.
+    wake: Option<WakeEndpoint>,
+}
+
+/// `POST http://ADDR/wake` wakes a fleet started asleep, as an autoscaler
+/// scaling a Deployment from zero would start its pods.
+#[derive(Debug)]
+struct WakeEndpoint {
+    addr: SocketAddr,
+    woken: watch::Sender<bool>,
+    server: tokio::task::AbortHandle,
+}
+
+impl Drop for WakeEndpoint {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl WakeEndpoint {
+    async fn start(woken: watch::Sender<bool>) -> anyhow::Result<WakeEndpoint> {
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let tx = woken.clone();
+        let server = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let tx = tx.clone();
+                let service = service_fn(move |_request| {
+                    tx.send_replace(true);
+                    std::future::ready(Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Empty::<bytes::Bytes>::new(),
+                    )))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        })
+        .abort_handle();
+        Ok(WakeEndpoint {
+            addr,
+            woken,
+            server,
+        })
+    }
 }
 
 impl Fleet {
+    /// Where a fleet started asleep is woken (any POST): a pool's
+    /// `coldStart.wake.webhook`.
+    pub fn wake_url(&self) -> Option<String> {
+        self.wake
+            .as_ref()
+            .map(|w| format!("http://{}/wake", w.addr))
+    }
+
+    /// Wake a fleet started asleep, as its wake endpoint does.
+    pub fn wake(&self) {
+        if let Some(w) = &self.wake {
+            w.woken.send_replace(true);
+        }
+    }
+
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.replicas
             .iter()
@@ -674,21 +757,34 @@ impl Fleet {
 /// is opened; if a replica fails to start, the ones started are stopped.
 pub async fn start_fleet(spec: FleetSpec) -> anyhow::Result<Fleet> {
     spec.validate()?;
-    let mut replicas = Vec::with_capacity(spec.replicas);
+    let wake = match spec.start_asleep {
+        true => Some(WakeEndpoint::start(watch::Sender::new(false)).await?),
+        false => None,
+    };
+    let mut fleet = Fleet {
+        replicas: Vec::with_capacity(spec.replicas),
+        wake,
+    };
     for index in 0..spec.replicas {
         let started = match spec.addr(index) {
-            Ok(addr) => start_replica(addr, spec.replica(index)).await,
+            Ok(addr) => {
+                let replica = ReplicaSpec {
+                    asleep: fleet.wake.as_ref().map(|w| w.woken.subscribe()),
+                    ..spec.replica(index)
+                };
+                start_replica(addr, replica).await
+            }
             Err(error) => Err(error),
         };
         match started {
-            Ok(replica) => replicas.push(replica),
+            Ok(replica) => fleet.replicas.push(replica),
             Err(error) => {
-                Fleet { replicas }.shutdown().await;
+                fleet.shutdown().await;
                 return Err(error.context(format!("replica {index}")));
             }
         }
     }
-    Ok(Fleet { replicas })
+    Ok(fleet)
 }
 
 fn unix_seconds() -> f64 {

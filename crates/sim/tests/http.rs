@@ -1500,3 +1500,44 @@ fn the_calibrated_load_time_grows_with_the_weights_per_gpu() {
     );
     assert!("soon".parse::<sim::LoadTime>().is_err());
 }
+
+/// A fleet started asleep refuses connections until its wake endpoint is
+/// called; then its replicas load and listen.
+#[tokio::test]
+async fn a_fleet_started_asleep_listens_once_woken() {
+    let fleet = sim::start_fleet(sim::FleetSpec {
+        replicas: 2,
+        time_scale: 20.0,
+        start_asleep: true,
+        ..sim::FleetSpec::default()
+    })
+    .await
+    .unwrap();
+    let wake = fleet
+        .wake_url()
+        .expect("a fleet started asleep has a wake endpoint");
+    for addr in fleet.addrs() {
+        let refused = tokio::net::TcpStream::connect(addr).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+    let (host, path) = wake
+        .strip_prefix("http://")
+        .unwrap()
+        .split_once('/')
+        .unwrap();
+    let woke = Http::new(host.parse().unwrap())
+        .post_json(&format!("/{path}"), &serde_json::json!({"pool": "p"}))
+        .await;
+    assert_eq!(woke.status, StatusCode::OK);
+    for addr in fleet.addrs() {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{addr} never listened"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(Http::new(addr).get("/health").await.status, StatusCode::OK);
+    }
+}

@@ -345,6 +345,18 @@ fn check_replicas(p: &mut Problems, path: &str, pool: &Pool, unreadable: &Unread
         {
             p.add(format!("{sp}.timeScale"), "must be a positive number");
         }
+        if sim.start_at_zero && pool.cold_start.wake.is_some() {
+            p.add(
+                format!("{path}.coldStart.wake"),
+                "a simulated pool that starts at zero is woken by its own fleet; leave wake out",
+            );
+        }
+        if sim.start_at_zero && pool.cold_start.timeout.is_some_and(|t| t.is_zero()) {
+            p.add(
+                format!("{path}.coldStart.timeout"),
+                "a pool that starts at zero needs requests to wait for it: more than 0",
+            );
+        }
         if let Some(load) = &sim.load_time
             && load != "calibrated"
             && humantime::parse_duration(load).is_err()
