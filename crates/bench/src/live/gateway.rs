@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 
-use super::GatewayView;
 use crate::policy::PolicyUnderTest;
 
 /// How to start a gateway.
@@ -37,6 +36,21 @@ enum Running {
         workdir: tempfile::TempDir,
     },
     InProcess(gateway::Gateway),
+}
+
+/// One gateway replica's account of a run, read from its admin listener.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GatewayView {
+    /// Requests the clients sent it that completed.
+    pub completed: u64,
+    /// Each replica's `prefixSource` on `/debug/pools` (`events`,
+    /// `unsure`, `approximate`), in the pool's order.
+    pub prefix_sources: Vec<String>,
+    /// Blocks its events index holds, over every replica and tier.
+    pub indexed_blocks: u64,
+    /// Picks by the source that scored the chosen replica's prefix
+    /// (`infergate_prefix_source_total`).
+    pub picks_by_source: BTreeMap<String, u64>,
 }
 
 /// What a gateway must report before a run's first request.

@@ -22,7 +22,7 @@ use tracing::instrument::WithSubscriber;
 use tracing::subscriber::NoSubscriber;
 
 pub use client::{LoadGenerator, Planned};
-pub use gateway::{GatewayLauncher, Readiness, RunningGateway};
+pub use gateway::{GatewayLauncher, GatewayView, Readiness, RunningGateway};
 pub use peer::RunningPeer;
 
 use crate::policy::{self, PoolDocument};
@@ -72,21 +72,6 @@ pub struct LiveRun {
     /// What each infergate gateway reported once the requests had run, in
     /// the order the clients' split sends to them (empty for a peer).
     pub gateways: Vec<GatewayView>,
-}
-
-/// One gateway replica's account of a run, read from its admin listener.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct GatewayView {
-    /// Requests the clients sent it that completed.
-    pub completed: u64,
-    /// Each replica's `prefixSource` on `/debug/pools` (`events`,
-    /// `unsure`, `approximate`), in the pool's order.
-    pub prefix_sources: Vec<String>,
-    /// Blocks its events index holds, over every replica and tier.
-    pub indexed_blocks: u64,
-    /// Picks by the source that scored the chosen replica's prefix
-    /// (`infergate_prefix_source_total`).
-    pub picks_by_source: BTreeMap<String, u64>,
 }
 
 /// One router over one set of requests on a fresh fleet: infergate with
