@@ -27,10 +27,10 @@ pub struct BenchArgs {
     /// fleet-scale (virtual mode only), flow-control (live mode only:
     /// bursts of critical, standard and sheddable requests, flow control on,
     /// flat, off and with engine priority, per band), prefix-pressure, heterogeneous, multi-turn,
-    /// bursty-uneven, batch-cost (CPU replicas of two speeds, where a batch
+    /// bursty-uneven, agent-loop, batch-cost (CPU replicas of two speeds, where a batch
     /// costs nearly its size in single steps, beside the best static
     /// allocation computed from the engine profiles); all (the first six
-    /// that the mode can run) or peers (prefix-pressure to bursty-uneven,
+    /// that the mode can run) or peers (prefix-pressure to agent-loop,
     /// written for comparing routers); global-failover
     /// (live mode only, run by name: three member gateways behind a global
     /// router, one killed and restarted under streaming load; share over
@@ -65,14 +65,19 @@ pub struct BenchArgs {
     /// Policies to compare: round-robin, least-request, random, scored,
     /// predicted (the scored candidates ranked by each replica's learned
     /// latency), or a weight preset (latency, throughput, or scored:PRESET);
-    /// scored-events (virtual mode only) is scored with each replica's
-    /// prefix cache as lossless KV events would report it.
+    /// scored-events is scored with prefix affinity from the replicas' KV
+    /// events (live: the simulated engines publish them over ZMQ and the
+    /// gateway follows them; virtual: each replica's prefix cache as
+    /// lossless events would report it). POLICY@N (live mode) starts N
+    /// gateways in front of the same fleet, the clients splitting their
+    /// requests between them round-robin.
     /// Round-robin is always included as the baseline.
     #[arg(long, default_value = "round-robin,least-request,scored")]
     pub policies: String,
     /// Live mode: compare routers instead of policies, each started by the
     /// bench in front of a fresh copy of the fleet with the same requests:
-    /// infergate:POLICY, nginx:least_conn, sglang-router:POLICY,
+    /// infergate:POLICY (e.g. infergate:scored-events@2), nginx:least_conn,
+    /// sglang-router:POLICY,
     /// vllm-router:POLICY, smg:POLICY (e.g.
     /// infergate:scored,nginx:least_conn,sglang-router:cache_aware). A
     /// peer that is not installed is skipped with the command that

@@ -98,6 +98,32 @@ pub fn infergate_standing(ranking: &Ranking) -> Option<String> {
     Some(text)
 }
 
+/// Every infergate router's TTFT p95 and p99 ÷ the best peer's, when a
+/// run compares several (sources of prefix affinity, gateway replicas):
+/// "`infergate:scored` ×0.92 / ×0.95, `infergate:scored@2` ×0.97 / ×1.01".
+pub fn each_infergate_vs_best_peer(p95: &Ranking, p99: &Ranking) -> Option<String> {
+    let is_peer = |name: &str| !name.starts_with("infergate:");
+    let best_peer = |ranking: &Ranking| ranking.order.iter().find(|(n, _)| is_peer(n)).map(|r| r.1);
+    let (peer95, peer99) = (best_peer(p95)?, best_peer(p99));
+    let infergate: Vec<String> = p95
+        .order
+        .iter()
+        .filter(|(name, _)| !is_peer(name))
+        .map(|(name, value)| {
+            let at_p99 = p99
+                .order
+                .iter()
+                .find(|(n, _)| n == name)
+                .zip(peer99)
+                .and_then(|((_, v), peer)| ratio(*v, peer))
+                .map_or("—".to_owned(), |r| format!("×{r:.2}"));
+            let at_p95 = ratio(*value, peer95).map_or("—".to_owned(), |r| format!("×{r:.2}"));
+            format!("`{name}` {at_p95} / {at_p99}")
+        })
+        .collect();
+    (infergate.len() > 1).then(|| infergate.join(", "))
+}
+
 /// The comparison section for `results` (one scenario, one or more loads).
 pub fn markdown(results: &[Summary]) -> String {
     let mut out = String::new();
@@ -161,6 +187,17 @@ pub fn markdown(results: &[Summary]) -> String {
                 let _ = write!(out, " {standing}.");
             }
             out.push('\n');
+        }
+        if let (Some(p95), Some(p99)) = (
+            Ranking::of("TTFT p95", &rows, |s| s.ttft_p95_ms),
+            Ranking::of("TTFT p99", &rows, |s| s.ttft_p99_ms),
+        ) && let Some(each) = each_infergate_vs_best_peer(&p95, &p99)
+        {
+            let _ = writeln!(
+                out,
+                "- At {:.0} %: each infergate router's TTFT p95 / p99 ÷ the best peer's: {each}.",
+                load * 100.0
+            );
         }
     }
     out.push_str("\nRatios are the router's figure ÷ the best router's at that load (lower latency is better). Errors are failed, timed-out and refused (429) requests; a router with errors may show a shorter TTFT than one that served everything. CPU is of the router's own processes only; `—` where the gateway ran inside the bench's process.\n");
@@ -240,5 +277,24 @@ mod tests {
         assert!(nginx.contains("| — | — | ×1.00 | ×1.25 |"), "{nginx}");
         assert!(md.contains("At 75 %: **TTFT p95**: best `nginx:least_conn`"));
         assert_eq!(Ranking::of("TTFT p95", &[], |s| s.ttft_p95_ms), None);
+        assert!(
+            !md.contains("each infergate router"),
+            "one infergate router: {md}"
+        );
+    }
+
+    #[test]
+    fn several_infergate_routers_each_face_the_best_peer() {
+        let rows = [
+            row("infergate:scored", 90.0, Some(180.0), None),
+            row("infergate:scored-events@2", 110.0, Some(220.0), None),
+            row("nginx:least_conn", 200.0, Some(400.0), None),
+            row("smg:cache_aware", 100.0, Some(200.0), None),
+        ];
+        let md = markdown(&rows);
+        assert!(
+            md.contains("each infergate router's TTFT p95 / p99 ÷ the best peer's: `infergate:scored` ×0.90 / ×0.90, `infergate:scored-events@2` ×1.10 / ×1.10."),
+            "{md}"
+        );
     }
 }

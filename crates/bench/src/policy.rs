@@ -6,6 +6,7 @@
 //! with the gateway's own mapping ([`gateway::picker_config`]), so the two
 //! cannot drift apart.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -23,8 +24,12 @@ use crate::flow::{FlowLimits, FlowMode};
 /// which the clients set to their session, and keeps a session on its
 /// replica); `scored-events` (or `scored-events:PRESET`) is the scored
 /// policy with the replicas' own word on their prefix caches, as if every
-/// engine published its KV events and none were lost (virtual mode only);
-/// and whether the gateway's admission queue is on for the run.
+/// engine published its KV events and none were lost (in virtual time), or
+/// the gateway following the simulated engines' real KV events (live); any
+/// of them with `@N` for N gateway replicas in front of the same fleet
+/// (live), the clients splitting their requests between them round-robin
+/// as a Kubernetes Service would; and whether the gateway's admission
+/// queue is on for the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PolicyUnderTest {
     /// Config name of the policy.
@@ -37,6 +42,8 @@ pub struct PolicyUnderTest {
     /// Prefix affinity from the engines' caches (their KV events) rather
     /// than the gateway's approximate index.
     events: bool,
+    /// Independent gateway replicas in front of the fleet (live mode).
+    gateways: usize,
 }
 
 impl PolicyUnderTest {
@@ -52,6 +59,7 @@ impl PolicyUnderTest {
             flow: FlowMode::On,
             sessions: false,
             events: false,
+            gateways: 1,
         }
     }
 
@@ -110,7 +118,16 @@ impl PolicyUnderTest {
     pub fn exact_prefix(&self) -> bool {
         self.events
     }
+
+    /// How many gateway replicas serve the run (`@N`; 1 without).
+    pub fn gateways(&self) -> usize {
+        self.gateways
+    }
 }
+
+/// The most gateway replicas `@N` starts: enough to show replicas agreeing
+/// without the gateways' own CPU crowding the replicas on a small machine.
+pub const MAX_GATEWAYS: usize = 4;
 
 /// The gateway's policies by config name.
 const POLICIES: [&str; 5] = [
@@ -126,6 +143,16 @@ impl std::str::FromStr for PolicyUnderTest {
 
     fn from_str(name: &str) -> anyhow::Result<Self> {
         let name = name.trim();
+        if let Some((base, count)) = name.rsplit_once('@') {
+            let gateways = match count.parse::<usize>() {
+                Ok(n) if (1..=MAX_GATEWAYS).contains(&n) => n,
+                _ => bail!("{name:?}: @N takes 1 to {MAX_GATEWAYS} gateway replicas"),
+            };
+            return Ok(Self {
+                gateways,
+                ..base.parse()?
+            });
+        }
         if let Some(base) = name.strip_suffix("+sessions") {
             return Ok(base.parse::<Self>()?.with_sessions());
         }
@@ -167,6 +194,7 @@ impl std::str::FromStr for PolicyUnderTest {
             flow: FlowMode::On,
             sessions: false,
             events: false,
+            gateways: 1,
         })
     }
 }
@@ -183,6 +211,9 @@ impl fmt::Display for PolicyUnderTest {
         }
         if self.sessions {
             f.write_str("+sessions")?;
+        }
+        if self.gateways != 1 {
+            write!(f, "@{}", self.gateways)?;
         }
         Ok(())
     }
@@ -220,6 +251,12 @@ pub struct PoolDocument<'a> {
     /// lets the header raise a band, and reports each request's queue wait
     /// (decision headers).
     pub priorities: bool,
+    /// Each replica's KV-events publisher, by the replica's address, when
+    /// the fleet publishes them (live runs of `scored-events`): the pool
+    /// follows them (`prefixCache: {source: events, publishers}`).
+    /// Without them (virtual mode) the policy's config is the scored one,
+    /// and virtual time supplies the exact prefixes itself.
+    pub kv_events: Option<&'a BTreeMap<String, config::Publisher>>,
 }
 
 impl PoolDocument<'_> {
@@ -290,6 +327,15 @@ pub fn gateway_config(
             }],
         },
     });
+    if let (true, Some(publishers)) = (policy.events, pool.kv_events) {
+        // Every simulated replica listens on 127.0.0.1, so one pool-wide
+        // `eventsPort` cannot reach them all: each is listed with its own
+        // publisher, as several engines on one host would be.
+        document["spec"]["pools"][0]["prefixCache"] = json!({
+            "source": "events",
+            "publishers": publishers,
+        });
+    }
     if policy.sessions {
         document["spec"]["sessions"] = json!({"user": true});
     }
@@ -360,6 +406,7 @@ mod tests {
             time_scale,
             scored_overrides: None,
             priorities: false,
+            kv_events: None,
         }
     }
 
@@ -422,6 +469,74 @@ mod tests {
         let list = parse_list("scored,scored-events").unwrap();
         let names: Vec<String> = list.iter().map(ToString::to_string).collect();
         assert_eq!(names, ["round-robin", "scored", "scored-events"]);
+    }
+
+    #[test]
+    fn at_n_names_gateway_replicas() {
+        for name in [
+            "scored@2",
+            "scored-events@2",
+            "scored-events:latency+sessions@3",
+        ] {
+            let policy: PolicyUnderTest = name.parse().unwrap();
+            assert_eq!(policy.to_string(), name);
+        }
+        let two: PolicyUnderTest = "scored-events@2".parse().unwrap();
+        assert_eq!(two.gateways(), 2);
+        assert!(two.exact_prefix());
+        let one: PolicyUnderTest = "scored-events@1".parse().unwrap();
+        assert_eq!(one, "scored-events".parse().unwrap());
+        assert_eq!(one.gateways(), 1);
+        assert_ne!(two, one);
+        for bad in ["scored@0", "scored@", "scored@x", "scored@99"] {
+            assert!(bad.parse::<PolicyUnderTest>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn live_events_follow_each_replicas_own_publisher() {
+        let endpoints = vec!["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let publishers: BTreeMap<String, config::Publisher> = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                (
+                    e.clone(),
+                    config::Publisher {
+                        endpoint: format!("tcp://127.0.0.1:{}", 7000 + i),
+                        replay_endpoint: Some(format!("tcp://127.0.0.1:{}", 8000 + i)),
+                    },
+                )
+            })
+            .collect();
+        let doc = PoolDocument {
+            kv_events: Some(&publishers),
+            ..pool(&endpoints, 1.0)
+        };
+        let events: PolicyUnderTest = "scored-events".parse().unwrap();
+        let (_, config) = gateway_config(&events, &doc, "127.0.0.1:0", "127.0.0.1:0").unwrap();
+        let cache = &config.spec.pools[0].prefix_cache;
+        assert_eq!(cache.source, config::PrefixSource::Events);
+        assert_eq!(
+            cache.publisher_of("127.0.0.1:2").endpoint,
+            "tcp://127.0.0.1:7001"
+        );
+        assert_eq!(
+            cache.publisher_of("127.0.0.1:1").replay_endpoint.as_deref(),
+            Some("tcp://127.0.0.1:8000")
+        );
+        // The approximate policy ignores them.
+        let (_, scored) = gateway_config(
+            &"scored".parse().unwrap(),
+            &doc,
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+        )
+        .unwrap();
+        assert_eq!(
+            scored.spec.pools[0].prefix_cache.source,
+            config::PrefixSource::Approximate
+        );
     }
 
     #[test]

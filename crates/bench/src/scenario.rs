@@ -7,12 +7,13 @@
 //! `flow-control` sends bursts of three priority bands and compares the
 //! gateway's admission queue on and off, live only; `agent` runs agent
 //! loops (growing per-session context) with session affinity off and on.
-//! Four more separate
+//! Five more separate
 //! good routers from adequate ones when compared with the peer routers
 //! (`--scenario peers`): `prefix-pressure` (shared prompts that do not fit
 //! one replica's cache), `heterogeneous` (fast and slow replicas at 75 %),
-//! `multi-turn` (conversations whose context grows) and `bursty-uneven`
-//! (bursts of long prompts mixed with short ones).
+//! `multi-turn` (conversations whose context grows), `bursty-uneven`
+//! (bursts of long prompts mixed with short ones) and `agent-loop` (the
+//! agent loops at one load, every router on the same footing).
 
 use std::fmt::Write as _;
 
@@ -200,16 +201,17 @@ pub const ALL: [&str; 6] = [
 /// The scenarios `--scenario peers` runs: those written to tell the peer
 /// routers apart, one load each (not part of `all`, whose length the
 /// benchmark docs quote).
-pub const PEERS: [&str; 4] = [
+pub const PEERS: [&str; 5] = [
     "prefix-pressure",
     "heterogeneous",
     "multi-turn",
     "bursty-uneven",
+    "agent-loop",
 ];
 /// Every scenario name, `all` and `peers` excluded. `agent` is run by
 /// name: it compares session affinity on and off rather than the policies;
 /// so is `batch-cost`, whose fleet is of CPUs.
-pub const NAMES: [&str; 13] = [
+pub const NAMES: [&str; 14] = [
     "mixed-fleet",
     "bursty",
     "shared-prefix",
@@ -222,6 +224,7 @@ pub const NAMES: [&str; 13] = [
     "heterogeneous",
     "multi-turn",
     "bursty-uneven",
+    "agent-loop",
     "batch-cost",
 ];
 
@@ -568,6 +571,19 @@ impl Scenario {
                     loads,
                 )
             },
+            // The routers compared as they are: a peer has no session
+            // affinity to turn on, so one run per router, at one load. At
+            // 70 % the transcripts' growth saturates the fleet (every
+            // router queues for tens of seconds, and compares only how it
+            // queues); 50 % is the moderate load the other peer scenarios
+            // run at.
+            "agent-loop" => Scenario::standard(
+                "agent-loop",
+                "The agent scenario's loops (a shared 1.5k-token system prompt, then a growing transcript resent every turn: 200-1000 tokens of tool output a turn, 4-10 turns, 2 s between turns) over 8 A10G replicas at 50 % load, every router as it is.",
+                fleet(8, &["a10g"], "llama-3.1-8b"),
+                workload(Traffic::Poisson, crate::workload::agent::agent_loops()),
+                vec![0.5],
+            ),
             "uniform" => Scenario::standard(
                 "uniform",
                 "Identical replicas and steady Poisson chat traffic: nothing for smart routing to exploit.",

@@ -3,6 +3,7 @@
 //! at every load on the same requests, in virtual time or live, and
 //! summarize.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::mpsc::sync_channel;
 use std::time::Instant;
@@ -165,13 +166,13 @@ pub fn scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<Scenario> 
             scenario.name
         );
     }
-    if options.mode == Mode::Live
-        && let Some(events) = runs(&scenario, options)
+    if options.mode == Mode::Virtual
+        && let Some(split) = runs(&scenario, options)
             .iter()
-            .find(|r| matches!(r, RouterUnderTest::Infergate(p) if p.exact_prefix()))
+            .find(|r| matches!(r, RouterUnderTest::Infergate(p) if p.gateways() > 1))
     {
         bail!(
-            "{events} runs in virtual mode only (--mode virtual): it reads each simulated engine's prefix cache as its KV events would report it"
+            "{split} runs in live mode only (--mode live): virtual mode models one gateway's picker"
         );
     }
     if options.mode == Mode::Virtual
@@ -385,6 +386,10 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                     let run =
                         live::run(&scenario.fleet, router, planned.clone(), &live_options).await?;
                     router_cpu_s = run.router_cpu_seconds;
+                    if let Some(note) = gateways_note(&label(router, options), load, &run.gateways)
+                    {
+                        setup.notes.push(note);
+                    }
                     run.outcomes
                 }
                 None => {
@@ -410,6 +415,8 @@ pub async fn run_scenario(name: &str, options: &SuiteOptions) -> anyhow::Result<
                             scored_overrides: options.scheduling.as_ref(),
                             // Virtual mode sends no headers.
                             priorities: false,
+                            // Exact prefixes come from the virtual engines.
+                            kv_events: None,
                         };
                         run_virtual(&fleet, &policy, &pool, &workload, rate, duration, &options)
                     })
@@ -566,6 +573,42 @@ fn fleet_report(
 }
 
 /// Setup lines of a scenario's report beyond the fleet and the lengths.
+/// What the gateways of a run that follows KV events, or of several
+/// gateway replicas, said of it: requests each served, the picks whose
+/// prefix the events scored, the blocks each indexed. `None` for one
+/// gateway on the approximate index (nothing to add) or a peer.
+fn gateways_note(name: &str, load: f64, views: &[live::GatewayView]) -> Option<String> {
+    let events = views
+        .iter()
+        .flat_map(|v| &v.prefix_sources)
+        .any(|s| s != "approximate");
+    if views.len() < 2 && !events {
+        return None;
+    }
+    let each: Vec<String> = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let picks: u64 = v.picks_by_source.values().sum();
+            let by_events = v.picks_by_source.get("events").copied().unwrap_or(0);
+            let mut line = format!("gateway {}: {} completed", i + 1, v.completed);
+            if events {
+                let _ = write!(
+                    line,
+                    ", {by_events} of {picks} picks scored by the events, {} blocks indexed at the end",
+                    v.indexed_blocks
+                );
+            }
+            line
+        })
+        .collect();
+    Some(format!(
+        "{name} at {:.0} %: {}.",
+        load * 100.0,
+        each.join("; ")
+    ))
+}
+
 fn notes(scenario: &Scenario) -> Vec<String> {
     let mut notes = Vec::new();
     if let Some(bands) = scenario.workload.bands {
@@ -637,15 +680,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scored_events_runs_in_virtual_time_only() {
+    fn scored_events_runs_in_both_modes_and_several_gateways_live_only() {
         let mut options = SuiteOptions::new(Mode::Live, Size::Quick, 1);
-        options.policies = policy::parse_list("scored,scored-events").unwrap();
+        options.policies = policy::parse_list("scored,scored-events,scored-events@2").unwrap();
+        assert!(scenario("shared-prefix", &options).is_ok());
+        options.mode = Mode::Virtual;
         let error = scenario("shared-prefix", &options).unwrap_err().to_string();
         assert!(
-            error.contains("scored-events runs in virtual mode only"),
+            error.contains("scored-events@2 runs in live mode only"),
             "{error}"
         );
-        options.mode = Mode::Virtual;
+        options.policies = policy::parse_list("scored,scored-events").unwrap();
         assert!(scenario("shared-prefix", &options).is_ok());
+    }
+
+    #[test]
+    fn gateway_notes_say_what_each_replica_served() {
+        let view = |completed, events| live::GatewayView {
+            completed,
+            prefix_sources: vec![if events { "events" } else { "approximate" }.to_owned()],
+            indexed_blocks: 7,
+            picks_by_source: [("events".to_owned(), 3), ("approximate".to_owned(), 1)].into(),
+        };
+        assert_eq!(gateways_note("a", 0.5, &[view(4, false)]), None);
+        assert_eq!(gateways_note("a", 0.5, &[]), None);
+        let two = gateways_note("x@2", 0.6, &[view(4, false), view(5, false)]).unwrap();
+        assert_eq!(
+            two,
+            "x@2 at 60 %: gateway 1: 4 completed; gateway 2: 5 completed."
+        );
+        let one = gateways_note("e", 0.6, &[view(4, true)]).unwrap();
+        assert!(
+            one.contains("3 of 4 picks scored by the events, 7 blocks indexed"),
+            "{one}"
+        );
     }
 }

@@ -34,7 +34,8 @@ pub struct Planned {
 #[derive(Debug, Clone)]
 pub struct LoadGenerator {
     client: reqwest::Client,
-    url: Arc<str>,
+    /// Request `i` of a run goes to `urls[i % len]`.
+    urls: Arc<[Arc<str>]>,
     /// Engine seconds per wall second.
     time_scale: f64,
     /// Simulated seconds a client waits for a complete answer.
@@ -44,6 +45,13 @@ pub struct LoadGenerator {
 impl LoadGenerator {
     /// `url` is the chat-completions endpoint.
     pub fn new(url: &str, time_scale: f64, timeout: f64) -> anyhow::Result<Self> {
+        Self::split(&[url.to_owned()], time_scale, timeout)
+    }
+
+    /// Requests split round-robin between the chat-completions endpoints
+    /// `urls` (several gateway replicas behind a Service).
+    pub fn split(urls: &[String], time_scale: f64, timeout: f64) -> anyhow::Result<Self> {
+        anyhow::ensure!(!urls.is_empty(), "a load generator needs a URL");
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .http1_only()
@@ -51,7 +59,7 @@ impl LoadGenerator {
             .build()?;
         Ok(LoadGenerator {
             client,
-            url: Arc::from(url),
+            urls: urls.iter().map(|u| Arc::from(u.as_str())).collect(),
             time_scale,
             timeout,
         })
@@ -65,12 +73,15 @@ impl LoadGenerator {
     pub async fn run(&self, plan: Vec<Planned>) -> Vec<Outcome> {
         let start = Instant::now();
         let mut tasks = Vec::with_capacity(plan.len());
-        for request in plan {
+        for (i, request) in plan.into_iter().enumerate() {
             let due = start + self.wall(request.at);
             tokio::time::sleep_until(due).await;
             let this = self.clone();
+            let url = Arc::clone(&self.urls[i % self.urls.len()]);
             tasks.push(tokio::spawn(async move {
-                let outcome = this.one(request.at, due, request.body, request.band).await;
+                let outcome = this
+                    .one(&url, request.at, due, request.body, request.band)
+                    .await;
                 outcome.in_band(request.band)
             }));
         }
@@ -84,6 +95,7 @@ impl LoadGenerator {
     /// One request, sent at `due` (wall) = `arrival` (simulated).
     async fn one(
         &self,
+        url: &str,
         arrival: f64,
         due: Instant,
         body: Bytes,
@@ -91,7 +103,7 @@ impl LoadGenerator {
     ) -> Outcome {
         let mut progress = Progress::default();
         let deadline = due + self.wall(self.timeout);
-        let exchange = self.exchange(body, band, &mut progress);
+        let exchange = self.exchange(url, body, band, &mut progress);
         let ended = tokio::time::timeout_at(deadline, exchange).await;
         let since = |t: Instant| t.duration_since(due).as_secs_f64() * self.time_scale;
         let ttft = progress.first_event.map(since);
@@ -119,13 +131,14 @@ impl LoadGenerator {
 
     async fn exchange(
         &self,
+        url: &str,
         body: Bytes,
         band: Option<Priority>,
         progress: &mut Progress,
     ) -> Ending {
         let mut request = self
             .client
-            .post(&*self.url)
+            .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json");
         if let Some(band) = band {
             request = request.header("x-infergate-priority", band.as_str());

@@ -13,6 +13,7 @@ mod client;
 mod gateway;
 mod peer;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -21,13 +22,13 @@ use tracing::instrument::WithSubscriber;
 use tracing::subscriber::NoSubscriber;
 
 pub use client::{LoadGenerator, Planned};
-pub use gateway::{GatewayLauncher, RunningGateway};
+pub use gateway::{GatewayLauncher, GatewayView, Readiness, RunningGateway};
 pub use peer::RunningPeer;
 
 use crate::policy::{self, PoolDocument};
 use crate::routers::RouterUnderTest;
 use crate::scenario::FleetPlan;
-use crate::stats::Outcome;
+use crate::stats::{Outcome, Status};
 use crate::workload::{RequestPlan, Workload};
 
 /// How live runs are set up.
@@ -68,10 +69,14 @@ pub struct LiveRun {
     /// arrival of the first request to the end of the last); `None` for a
     /// gateway in this process, whose CPU cannot be told from the bench's.
     pub router_cpu_seconds: Option<f64>,
+    /// What each infergate gateway reported once the requests had run, in
+    /// the order the clients' split sends to them (empty for a peer).
+    pub gateways: Vec<GatewayView>,
 }
 
 /// One router over one set of requests on a fresh fleet: infergate with
-/// its policy and a fresh gateway, or a peer router started for the run.
+/// its policy and fresh gateways (one, or `@N`), or a peer router started
+/// for the run.
 pub async fn run(
     fleet: &FleetPlan,
     router: &RouterUnderTest,
@@ -82,12 +87,31 @@ pub async fn run(
     let mut spec = fleet.sim_spec(options.time_scale, options.seed);
     if let RouterUnderTest::Infergate(policy) = router {
         spec.scheduling_policy = policy.engine_scheduling();
+        if policy.exact_prefix() {
+            // Every replica publishes on ports of its own, with a replay
+            // socket, as vLLM with `--kv-events-config` does.
+            spec.kv_events = Some(sim::KvEventsSpec::default());
+        }
     }
     let replicas = sim::start_fleet(spec)
         .with_subscriber(NoSubscriber::default())
         .await
         .context("starting the simulated replicas")?;
     let endpoints: Vec<String> = replicas.addrs().iter().map(ToString::to_string).collect();
+    let publishers: BTreeMap<String, config::Publisher> = replicas
+        .replicas()
+        .iter()
+        .filter_map(|r| {
+            let info = r.info();
+            Some((
+                info.addr.to_string(),
+                config::Publisher {
+                    endpoint: info.kv_events_endpoint.clone()?,
+                    replay_endpoint: info.kv_events_replay_endpoint.clone(),
+                },
+            ))
+        })
+        .collect();
     let model = fleet.served_model()?;
     let result = match router {
         RouterUnderTest::Infergate(policy) => {
@@ -98,31 +122,70 @@ pub async fn run(
                 time_scale: options.time_scale,
                 scored_overrides: options.scheduling.as_ref(),
                 priorities: requests.iter().any(|r| r.band.is_some()),
+                kv_events: (!publishers.is_empty()).then_some(&publishers),
             };
-            async {
-                let listen = gateway::free_local_addr()?;
-                let admin = gateway::free_local_addr()?;
-                let (text, config) = policy::gateway_config(policy, &pool, &listen, &admin)?;
-                let mut gateway = options
-                    .gateway
-                    .start(&text, &config, policy)
-                    .await
-                    .with_context(|| format!("starting the gateway for {policy}"))?;
-                let ready = gateway
-                    .wait_ready(endpoints.len(), options.ready_timeout)
-                    .await;
-                let measured = measure(
-                    ready,
-                    gateway.addr(),
-                    || gateway.cpu_seconds(),
-                    requests,
-                    options,
-                )
-                .await;
-                gateway.stop().await;
-                measured
+            let mut gateways = Vec::with_capacity(policy.gateways());
+            let started = async {
+                // Independent gateways with the same config, as replicas of
+                // one Deployment: nothing is shared between them but the
+                // engines they route to (and, with events, listen to).
+                for _ in 0..policy.gateways() {
+                    let listen = gateway::free_local_addr()?;
+                    let admin = gateway::free_local_addr()?;
+                    let (text, config) = policy::gateway_config(policy, &pool, &listen, &admin)?;
+                    gateways.push(
+                        options
+                            .gateway
+                            .start(&text, &config, policy)
+                            .await
+                            .with_context(|| format!("starting the gateway for {policy}"))?,
+                    );
+                }
+                let need = Readiness {
+                    replicas: endpoints.len(),
+                    events: policy.exact_prefix(),
+                };
+                for gateway in &mut gateways {
+                    gateway.wait_ready(need, options.ready_timeout).await?;
+                }
+                anyhow::Ok(())
             }
-            .await
+            .await;
+            let addrs: Vec<_> = gateways.iter().map(RunningGateway::addr).collect();
+            let measured = measure(
+                started,
+                &addrs,
+                || {
+                    gateways
+                        .iter()
+                        .map(RunningGateway::cpu_seconds)
+                        .sum::<Option<f64>>()
+                },
+                requests,
+                options,
+            )
+            .await;
+            let measured = match measured {
+                Ok(mut run) => {
+                    for (i, gateway) in gateways.iter().enumerate() {
+                        let mut view = gateway.view().await;
+                        view.completed = run
+                            .outcomes
+                            .iter()
+                            .skip(i)
+                            .step_by(addrs.len())
+                            .filter(|o| o.status == Status::Completed)
+                            .count() as u64;
+                        run.gateways.push(view);
+                    }
+                    Ok(run)
+                }
+                error => error,
+            };
+            for gateway in gateways {
+                gateway.stop().await;
+            }
+            measured
         }
         peer => {
             async {
@@ -135,7 +198,7 @@ pub async fn run(
                     .await;
                 let measured = measure(
                     ready,
-                    running.addr(),
+                    &[running.addr()],
                     || running.cpu_seconds(),
                     requests,
                     options,
@@ -155,22 +218,28 @@ pub async fn run(
 /// Python routers import their package first, slowly on a busy machine.
 const PEER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Once the router at `addr` is `ready`, send it the planned requests and
-/// take the CPU time it used meanwhile (`cpu` reads its total).
+/// Once the router at `addrs` is `ready`, send it the planned requests
+/// (request `i` to `addrs[i % len]`: a client-side round-robin split, as a
+/// Service in front of several gateway replicas makes) and take the CPU
+/// time it used meanwhile (`cpu` reads its total).
 async fn measure(
     ready: anyhow::Result<()>,
-    addr: std::net::SocketAddr,
+    addrs: &[std::net::SocketAddr],
     cpu: impl Fn() -> Option<f64>,
     requests: Vec<Planned>,
     options: &LiveOptions,
 ) -> anyhow::Result<LiveRun> {
     ready?;
     let before = cpu();
-    let url = format!("http://{addr}/v1/chat/completions");
-    let load = LoadGenerator::new(&url, options.time_scale, options.client_timeout)?;
+    let urls: Vec<String> = addrs
+        .iter()
+        .map(|addr| format!("http://{addr}/v1/chat/completions"))
+        .collect();
+    let load = LoadGenerator::split(&urls, options.time_scale, options.client_timeout)?;
     let outcomes = load.run(requests).await;
     Ok(LiveRun {
         outcomes,
         router_cpu_seconds: before.zip(cpu()).map(|(b, a)| (a - b).max(0.0)),
+        gateways: Vec::new(),
     })
 }
